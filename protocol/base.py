@@ -1,0 +1,36 @@
+"""The one base class every wire message derives from.
+
+Inbound messages forbid unknown fields so a typo in a client is an
+`invalid_message` with a location, not a silently ignored field. Models are
+frozen: once parsed at the edge, a message is a value that nobody mutates.
+"""
+
+from typing import Annotated, Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+PROTOCOL_VERSION = 1
+SUBPROTOCOL = "cowrite.v1"
+
+DOCUMENT_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+MessageId = Annotated[str, StringConstraints(max_length=64)]
+Identifier = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+ToolName = Annotated[str, StringConstraints(pattern=TOOL_NAME_PATTERN)]
+JsonObject = dict[str, Any]
+
+
+class WireModel(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON object sent on the wire: None fields are omitted."""
+        return self.model_dump(mode="json", exclude_none=True, by_alias=True)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.to_wire())
+
+
+NonNegativeInt = Annotated[int, Field(ge=0)]

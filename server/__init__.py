@@ -1,0 +1,1 @@
+"""The cowrite server: document-session WebSockets and the server-side agent loop."""

@@ -1,0 +1,28 @@
+"""`python -m server`: run one cowrite instance with settings from the environment."""
+
+import sys
+
+import uvicorn
+
+from server.app import create_app
+from server.runner import uvicorn_config
+from server.settings import Settings
+
+
+def main() -> int:
+    settings = Settings()
+    app = create_app(settings)
+    mode = "dev" if settings.dev else "production"
+    backend = "redis" if settings.redis_url else "memory"
+    print(
+        f"cowrite ({mode}, {backend} backend, {settings.effective_llm} model) on "
+        f"http://{settings.host}:{settings.port}/",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.Server(uvicorn_config(app, settings, log_level="info")).run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Agent runs: the loop, the model interface, tools and history."""

@@ -1,0 +1,152 @@
+"""`create_app(settings)`: routes, lifespan and the objects behind them."""
+
+import ipaddress
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, Field, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+
+from protocol.schema import build_schema
+from protocol.server import Limits
+from server.agent.coordinator import RunCoordinator
+from server.auth import Authenticator, AuthError
+from server.backends.base import Backend
+from server.backends.memory import MemoryBackend
+from server.endpoint import DOCUMENT_ID_RE, document_socket
+from server.observability import Metrics, configure_logging
+from server.services import Services
+from server.session import DocumentSession, SessionHub
+from server.settings import Settings
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+
+
+class DevTokenRequest(BaseModel):
+    user: str = Field(min_length=1, max_length=128)
+    docs: list[str] = Field(default_factory=lambda: ["*"])
+    role: str = Field(default="editor", pattern="^(editor|viewer)$")
+    ttl_s: float = Field(default=3600.0, gt=0, le=86400)
+
+
+def make_backend(settings: Settings) -> Backend:
+    if settings.redis_url:
+        raise ValueError("COWRITE_REDIS_URL is set, but this build has no Redis backend yet")
+    return MemoryBackend(log_max_events=settings.log_max_events)
+
+
+def build_services(settings: Settings) -> Services:
+    backend = make_backend(settings)
+    limits = Limits(
+        max_message_bytes=settings.max_message_bytes,
+        tool_timeout_s=settings.tool_timeout_s,
+        run_timeout_s=settings.run_timeout_s,
+        max_steps=settings.max_steps,
+    )
+    def session_factory(document_id: str) -> DocumentSession:
+        return DocumentSession(
+            document_id, backend, limits, lambda session: RunCoordinator(session, services)
+        )
+
+    services = Services(
+        settings=settings, backend=backend, auth=Authenticator(settings), metrics=Metrics(),
+        hub=SessionHub(session_factory), instance_id=uuid.uuid4().hex[:12],
+    )
+    return services
+
+
+def _is_loopback(request: Request) -> bool:
+    host = request.client.host if request.client else ""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _json(data: Any, status_code: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status_code, media_type="application/json")
+
+
+def create_app(settings: Settings | None = None) -> Starlette:
+    settings = settings or Settings()
+    configure_logging(settings.json_logs, settings.log_level)
+    services = build_services(settings)
+    schema = orjson.dumps(build_schema())
+
+    async def healthz(_: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(_: Request) -> Response:
+        ok = await services.backend.ready()
+        return JSONResponse({"status": "ok" if ok else "unavailable"}, 200 if ok else 503)
+
+    async def metrics(_: Request) -> Response:
+        return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def protocol_schema(_: Request) -> Response:
+        return Response(schema, media_type="application/schema+json")
+
+    async def history(request: Request) -> Response:
+        document_id = request.path_params["document_id"]
+        if not DOCUMENT_ID_RE.fullmatch(document_id):
+            return _json({"error": "unknown document"}, 404)
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        try:
+            if scheme.lower() != "bearer":
+                raise AuthError("missing bearer token")
+            principal = services.auth.verify(token.strip())
+        except AuthError as exc:
+            return _json({"error": str(exc)}, 401)
+        if not principal.may_open(document_id):
+            return _json({"error": "this token does not grant the document"}, 403)
+        messages = await services.backend.read_history(document_id)
+        return _json({"document_id": document_id, "messages": messages})
+
+    async def dev_token(request: Request) -> Response:
+        if not settings.dev or not _is_loopback(request):
+            return _json({"error": "not found"}, 404)
+        try:
+            body = DevTokenRequest.model_validate_json(await request.body())
+        except ValidationError as exc:
+            return _json({"error": "invalid request", "details": exc.errors(include_url=False,
+                          include_context=False, include_input=False)}, 422)
+        token = services.auth.issue_dev_token(body.user, body.docs, body.role,  # type: ignore[arg-type]
+                                              body.ttl_s)
+        return _json({"token": token})
+
+    async def index(_: Request) -> Response:
+        return FileResponse(STATIC_DIR / "index.html")
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        await services.backend.start()
+        try:
+            yield
+        finally:
+            for session in list(services.hub.sessions.values()):
+                await session.runs.shutdown()
+            await services.backend.close()
+
+    routes = [
+        Route("/", index),
+        Route("/healthz", healthz),
+        Route("/readyz", readyz),
+        Route("/metrics", metrics),
+        Route("/v1/protocol/schema", protocol_schema),
+        Route("/v1/documents/{document_id:path}/history", history),
+        Route("/v1/dev/token", dev_token, methods=["POST"]),
+        WebSocketRoute("/v1/documents/{document_id:path}/ws", document_socket),
+        Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.services = services
+    return app

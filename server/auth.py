@@ -1,0 +1,144 @@
+"""Identity (client JWTs) and per-call tokens.
+
+Client JWTs are verified with the configured HS256 secret or RS256/ES256
+public key. Per-call tokens (for `tool.result`) are HMACs under a key derived
+from a server secret with a fixed label, so a client JWT can never pass as a
+call token or the other way round.
+"""
+
+import base64
+import hashlib
+import hmac
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import jwt
+import orjson
+
+from server.settings import Settings
+
+Role = Literal["editor", "viewer"]
+
+
+class AuthError(Exception):
+    """A token was missing, malformed, badly signed or expired."""
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    user_id: str
+    docs: frozenset[str]
+    role: Role
+    expires_at: float
+
+    def may_open(self, document_id: str) -> bool:
+        return "*" in self.docs or document_id in self.docs
+
+
+@dataclass(frozen=True, slots=True)
+class CallGrant:
+    """What a per-call token was issued for."""
+
+    run_id: str
+    call_id: str
+    user_id: str
+    document_id: str
+    expires_at_ms: int
+
+
+class Authenticator:
+    """Verifies client JWTs and issues/verifies per-call tokens."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._audience = settings.jwt_audience
+        if settings.jwt_public_key:
+            self._verify_key: Any = settings.jwt_public_key
+            self._algorithms = ["RS256", "ES256"]
+            self._signing_secret: bytes | None = None
+        elif settings.jwt_secret:
+            self._signing_secret = settings.jwt_secret.get_secret_value().encode()
+            self._verify_key = self._signing_secret
+            self._algorithms = ["HS256"]
+        elif settings.dev:
+            # Development: a fresh secret per process; /v1/dev/token signs with it.
+            self._signing_secret = secrets.token_bytes(32)
+            self._verify_key = self._signing_secret
+            self._algorithms = ["HS256"]
+        else:
+            raise ValueError(
+                "set COWRITE_JWT_SECRET or COWRITE_JWT_PUBLIC_KEY "
+                "(or COWRITE_DEV=1 for development)"
+            )
+        if settings.call_token_secret:
+            root = settings.call_token_secret.get_secret_value().encode()
+        elif self._signing_secret is not None:
+            root = self._signing_secret
+        else:
+            root = secrets.token_bytes(32)
+        self._call_key = hmac.new(root, b"cowrite call-token key v1", hashlib.sha256).digest()
+
+    def verify(self, token: str | None) -> Principal:
+        if not token:
+            raise AuthError("missing token")
+        try:
+            claims = jwt.decode(
+                token,
+                self._verify_key,
+                algorithms=self._algorithms,
+                audience=self._audience,
+                options={"require": ["sub", "exp"], "verify_aud": self._audience is not None},
+            )
+        except jwt.ExpiredSignatureError as exc:
+            raise AuthError("token expired") from exc
+        except jwt.PyJWTError as exc:
+            raise AuthError(f"invalid token: {exc}") from exc
+        sub, docs, role = claims.get("sub"), claims.get("docs", []), claims.get("role", "editor")
+        if not isinstance(sub, str) or not sub:
+            raise AuthError("invalid token: 'sub' must be a non-empty string")
+        if not isinstance(docs, list) or not all(isinstance(d, str) for d in docs):
+            raise AuthError("invalid token: 'docs' must be a list of strings")
+        if role not in ("editor", "viewer"):
+            raise AuthError("invalid token: 'role' must be 'editor' or 'viewer'")
+        return Principal(sub, frozenset(docs), role, float(claims["exp"]))
+
+    def issue_dev_token(
+        self, user: str, docs: list[str], role: Role, ttl_s: float = 3600.0
+    ) -> str:
+        if self._signing_secret is None:
+            raise AuthError("development tokens need an HS256 secret")
+        claims: dict[str, Any] = {
+            "sub": user, "docs": docs, "role": role, "exp": int(time.time() + ttl_s)
+        }
+        if self._audience:
+            claims["aud"] = self._audience
+        return jwt.encode(claims, self._signing_secret, algorithm="HS256")
+
+    def issue_call_token(self, grant: CallGrant) -> str:
+        payload = orjson.dumps(
+            [grant.run_id, grant.call_id, grant.user_id, grant.document_id, grant.expires_at_ms]
+        )
+        body = base64.urlsafe_b64encode(payload).rstrip(b"=")
+        mac = base64.urlsafe_b64encode(self._mac(body)).rstrip(b"=")
+        return (body + b"." + mac).decode()
+
+    def check_call_token(self, token: str, expected: CallGrant, now_ms: int) -> str | None:
+        """None when `token` was issued for exactly `expected` and is unexpired; else why not."""
+        body, _, mac = token.encode().partition(b".")
+        try:
+            given_mac = base64.urlsafe_b64decode(mac + b"=" * (-len(mac) % 4))
+            payload = orjson.loads(base64.urlsafe_b64decode(body + b"=" * (-len(body) % 4)))
+        except (ValueError, orjson.JSONDecodeError):
+            return "malformed call token"
+        if not hmac.compare_digest(given_mac, self._mac(body)):
+            return "call token signature mismatch"
+        want = [expected.run_id, expected.call_id, expected.user_id, expected.document_id]
+        if not isinstance(payload, list) or len(payload) != 5 or payload[:4] != want:
+            return "call token was issued for another call, user or document"
+        if not isinstance(payload[4], int) or payload[4] < now_ms:
+            return "call token expired"
+        return None
+
+    def _mac(self, body: bytes) -> bytes:
+        return hmac.new(self._call_key, body, hashlib.sha256).digest()

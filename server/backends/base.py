@@ -1,0 +1,83 @@
+"""The `Backend` seam: everything a document session shares beyond one process.
+
+Two implementations satisfy it (memory for one process, Redis for several)
+and one contract test suite runs against both. The backend owns the
+numbering: `append` stamps `seq` (gapless per document) and `ts`, stores the
+event in the document log and hands it to every local listener of that
+document, in seq order.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple, Protocol
+
+ResumeFailure = Literal["epoch_changed", "history_truncated"]
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedEvent:
+    """A durable event as it sits in the log: its number, type and wire text."""
+
+    seq: int
+    type: str
+    frame: str
+
+
+class LogHead(NamedTuple):
+    epoch: str
+    last_seq: int
+
+
+EventListener = Callable[[LoggedEvent], None]
+
+
+class Backend(Protocol):
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def ready(self) -> bool:
+        """Whether the backend answers (GET /readyz)."""
+        ...
+
+    # -- the document log (section 3) ------------------------------------
+    async def append(self, document_id: str, event: dict[str, Any]) -> LoggedEvent:
+        """Stamp `seq` and `ts`, log the event, deliver it to listeners."""
+        ...
+
+    async def head(self, document_id: str) -> LogHead: ...
+
+    async def read_after(
+        self, document_id: str, epoch: str, after_seq: int, until_seq: int | None = None
+    ) -> list[LoggedEvent] | ResumeFailure:
+        """Every event with after_seq < seq <= until_seq (default: the last),
+        or why the log cannot provide all of them."""
+        ...
+
+    def subscribe(self, document_id: str, listener: EventListener) -> None: ...
+
+    def unsubscribe(self, document_id: str, listener: EventListener) -> None: ...
+
+    # -- conversation history (section 8) ---------------------------------
+    async def append_history(self, document_id: str, entries: list[dict[str, Any]]) -> None: ...
+
+    async def read_history(self, document_id: str) -> list[dict[str, Any]]: ...
+
+    # -- runs --------------------------------------------------------------
+    async def put_run_record(self, document_id: str, run_id: str, record: dict[str, Any]) -> None:
+        ...
+
+    async def get_run_record(self, document_id: str, run_id: str) -> dict[str, Any] | None: ...
+
+    async def claim_once(self, key: str, ttl_s: float) -> bool:
+        """True the first time `key` is claimed (single-use call tokens)."""
+        ...
+
+    # -- shared limits (section 6a) ----------------------------------------
+    async def acquire_connection(self, user_id: str, limit: int) -> bool: ...
+
+    async def release_connection(self, user_id: str) -> None: ...
+
+    async def take_run_slot(self, user_id: str, per_minute: int) -> int:
+        """0 when a run may start now, else milliseconds until one may."""
+        ...

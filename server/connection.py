@@ -1,0 +1,62 @@
+"""One client connection as the session sees it: identity plus an outbox.
+
+The session never touches a socket: it calls `reply`, `error` or `ack`,
+which queue frames on the connection's `Outbound` writer.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocol.base import WireModel
+from protocol.codes import CloseCode, ErrorCode
+from protocol.server import Ack, Error
+from server.auth import Principal
+from server.observability import Metrics
+from server.outbound import CloseRequest, Outbound
+
+
+@dataclass(eq=False)
+class Connection:
+    session_id: str
+    document_id: str
+    client_id: str
+    principal: Principal
+    outbound: Outbound
+    metrics: Metrics
+    log_context: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def user_id(self) -> str:
+        return self.principal.user_id
+
+    @property
+    def is_viewer(self) -> bool:
+        return self.principal.role == "viewer"
+
+    def reply(self, message: WireModel) -> None:
+        wire = message.to_wire()
+        self.outbound.push_frame(str(wire["type"]), message.to_json().decode())
+
+    def error(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        reply_to: str | None = None,
+        run_id: str | None = None,
+        details: Any = None,
+        retry_after_ms: int | None = None,
+    ) -> None:
+        self.metrics.errors.labels(code.value).inc()
+        self.reply(
+            Error(
+                code=code.value, message=message, reply_to=reply_to, run_id=run_id,
+                details=details, retry_after_ms=retry_after_ms,
+            )
+        )
+
+    def ack(self, reply_to: str | None, **fields: Any) -> None:
+        self.reply(Ack(reply_to=reply_to, **fields))
+
+    def close(self, code: CloseCode, reason: str, *, drop_pending: bool = False) -> None:
+        self.outbound.close(CloseRequest(int(code), reason), drop_pending=drop_pending)

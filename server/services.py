@@ -1,0 +1,19 @@
+"""The objects one app instance is made of, built once and injected."""
+
+from dataclasses import dataclass
+
+from server.auth import Authenticator
+from server.backends.base import Backend
+from server.observability import Metrics
+from server.session import SessionHub
+from server.settings import Settings
+
+
+@dataclass
+class Services:
+    settings: Settings
+    backend: Backend
+    auth: Authenticator
+    metrics: Metrics
+    hub: SessionHub
+    instance_id: str

@@ -1,0 +1,217 @@
+"""A document session: the connections of one document on this instance.
+
+It receives every durable event of its document from the backend and hands
+it to each connection's writer; it routes parsed client messages to the run
+coordinator; it publishes events, merging consecutive `message.delta`s of a
+message only while some connection of the document has a send pending
+(PROTOCOL.md section 3), so an idle document gets every delta at once.
+"""
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from protocol.base import PROTOCOL_VERSION
+from protocol.client import ClientMessage, EditorChange, Hello
+from protocol.server import DocumentChanged, DurableServerEvent, Limits, MessageDelta, Welcome
+from server.backends.base import Backend, LoggedEvent, ResumeFailure
+from server.connection import Connection
+from server.outbound import _Frame
+
+if TYPE_CHECKING:
+    from server.agent.coordinator import RunCoordinator
+
+logger = logging.getLogger("cowrite.session")
+
+COALESCE_MAX_CHARS = 4096
+
+
+class _PendingDelta:
+    __slots__ = ("message_id", "parts", "run_id", "size")
+
+    def __init__(self, run_id: str, message_id: str) -> None:
+        self.run_id = run_id
+        self.message_id = message_id
+        self.parts: list[str] = []
+        self.size = 0
+
+
+class DocumentSession:
+    def __init__(
+        self,
+        document_id: str,
+        backend: Backend,
+        limits: Limits,
+        make_coordinator: Callable[["DocumentSession"], "RunCoordinator"],
+    ) -> None:
+        self.document_id = document_id
+        self.backend = backend
+        self.limits = limits
+        self.connections: dict[str, Connection] = {}
+        self._subscribed = False
+        self._pending: _PendingDelta | None = None
+        self._publish_lock = asyncio.Lock()
+        self._flush_tasks: set[asyncio.Task[None]] = set()
+        self.runs = make_coordinator(self)
+
+    # -- membership ------------------------------------------------------------
+    def attach(self, conn: Connection) -> None:
+        if not self._subscribed:
+            self.backend.subscribe(self.document_id, self._on_event)
+            self._subscribed = True
+        self.connections[conn.session_id] = conn
+
+    def detach(self, conn: Connection) -> None:
+        self.connections.pop(conn.session_id, None)
+        self.runs.on_connection_left(conn)
+
+    @property
+    def idle(self) -> bool:
+        """No connection and no run: the hub may forget this session."""
+        return not self.connections and not self.runs.busy
+
+    def shutdown(self) -> None:
+        if self._subscribed:
+            self.backend.unsubscribe(self.document_id, self._on_event)
+            self._subscribed = False
+
+    def connections_of(self, user_id: str) -> list[Connection]:
+        return [c for c in self.connections.values() if c.user_id == user_id]
+
+    async def join(self, conn: Connection, hello: Hello) -> Welcome:
+        """Attach `conn` and queue its welcome, its replay, then live events."""
+        self.attach(conn)
+        head = await self.backend.head(self.document_id)
+        failure: ResumeFailure | None = None
+        replay: list[LoggedEvent] = []
+        start_seq = head.last_seq
+        if hello.resume is not None:
+            result = await self.backend.read_after(
+                self.document_id, hello.resume.epoch, hello.resume.after_seq, head.last_seq
+            )
+            if isinstance(result, list):
+                replay, start_seq = result, hello.resume.after_seq
+            else:
+                failure = result
+        welcome = Welcome(
+            protocol=PROTOCOL_VERSION,
+            session_id=conn.session_id,
+            document_id=self.document_id,
+            user_id=conn.user_id,
+            client_id=conn.client_id,
+            role=conn.principal.role,
+            epoch=head.epoch,
+            last_seq=head.last_seq,
+            resumed=hello.resume is not None and failure is None,
+            resume_failed=failure,
+            replayed=len(replay),
+            active_run=self.runs.snapshot(),
+            limits=self.limits,
+        )
+        conn.outbound.begin(_Frame("welcome", welcome.to_json().decode()), start_seq, replay)
+        self.runs.on_connection_joined(conn)
+        return welcome
+
+    # -- inbound ---------------------------------------------------------------
+    async def handle(self, conn: Connection, message: ClientMessage) -> None:
+        if isinstance(message, EditorChange):
+            await self.editor_changed(conn, message)
+        else:
+            await self.runs.handle(conn, message)
+
+    async def editor_changed(self, conn: Connection, message: EditorChange) -> None:
+        if message.origin == "user":
+            await self.runs.on_user_edit(conn)
+        await self.publish(
+            DocumentChanged(
+                document_version=message.document_version,
+                user_id=conn.user_id,
+                client_id=conn.client_id,
+                origin=message.origin,
+            )
+        )
+        if message.id is not None:
+            conn.ack(message.id)
+
+    # -- outbound --------------------------------------------------------------
+    def _on_event(self, event: LoggedEvent) -> None:
+        for conn in self.connections.values():
+            conn.outbound.push_event(event)
+
+    def _backlogged(self) -> bool:
+        return any(conn.outbound.has_pending_send for conn in self.connections.values())
+
+    async def publish(self, event: DurableServerEvent) -> LoggedEvent | None:
+        """Log and fan out `event`; a delta may be held back to be merged."""
+        if isinstance(event, MessageDelta) and self._hold_delta(event):
+            return None
+        async with self._publish_lock:
+            await self._flush_locked()
+            return await self.backend.append(self.document_id, event.to_wire())
+
+    def _hold_delta(self, event: MessageDelta) -> bool:
+        pending = self._pending
+        if pending is not None and (
+            pending.message_id != event.message_id or pending.run_id != event.run_id
+        ):
+            return False  # publish() flushes the other message first
+        if not self._backlogged():
+            return False
+        if pending is None:
+            pending = self._pending = _PendingDelta(event.run_id, event.message_id)
+        pending.parts.append(event.delta)
+        pending.size += len(event.delta)
+        if pending.size >= COALESCE_MAX_CHARS:
+            self._schedule_flush()
+        return True
+
+    async def flush(self) -> None:
+        async with self._publish_lock:
+            await self._flush_locked()
+
+    async def _flush_locked(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None and pending.parts:
+            delta = MessageDelta(
+                run_id=pending.run_id, message_id=pending.message_id, delta="".join(pending.parts)
+            )
+            await self.backend.append(self.document_id, delta.to_wire())
+
+    def on_writer_idle(self) -> None:
+        if self._pending is not None and not self._backlogged():
+            self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if self._flush_tasks:
+            return
+        task = asyncio.get_running_loop().create_task(self.flush())
+        self._flush_tasks.add(task)
+        task.add_done_callback(self._flush_done)
+
+    def _flush_done(self, task: asyncio.Task[None]) -> None:
+        self._flush_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error(
+                "flushing coalesced deltas failed", exc_info=task.exception(),
+                extra={"document_id": self.document_id},
+            )
+
+
+class SessionHub:
+    """The document sessions of this instance, created on first use."""
+
+    def __init__(self, factory: Callable[[str], DocumentSession]) -> None:
+        self._factory = factory
+        self.sessions: dict[str, DocumentSession] = {}
+
+    def get(self, document_id: str) -> DocumentSession:
+        session = self.sessions.get(document_id)
+        if session is None:
+            session = self.sessions[document_id] = self._factory(document_id)
+        return session
+
+    def release(self, session: DocumentSession) -> None:
+        if session.idle and self.sessions.get(session.document_id) is session:
+            del self.sessions[session.document_id]
+            session.shutdown()

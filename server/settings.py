@@ -1,0 +1,91 @@
+"""One settings object, read from `COWRITE_*` environment variables.
+
+Nothing reads `os.environ` at import time: `create_app(settings)` receives a
+`Settings` instance, so tests build their own and two apps can live in one
+process. Every field here is listed in README's configuration table.
+"""
+
+from typing import Annotated, Literal
+
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="COWRITE_", extra="ignore", frozen=True)
+
+    # Serving
+    host: str = "127.0.0.1"
+    port: int = 8000
+    dev: bool = False
+    log_json: bool | None = None  # default: JSON unless dev
+    log_level: str = "info"
+
+    # Authentication (section 2)
+    jwt_secret: SecretStr | None = None
+    jwt_public_key: str | None = None
+    jwt_audience: str | None = None
+    call_token_secret: SecretStr | None = None
+    allowed_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    # Transport (sections 1 and 7)
+    max_message_bytes: int = 1_048_576
+    heartbeat_s: float = 20.0
+    hello_timeout_s: float = 5.0
+    outbound_queue_max: int = 4096
+    max_invalid_messages: int = 20
+    close_timeout_s: float = 2.0
+
+    # Document logs and backend (section 3)
+    redis_url: str | None = None
+    log_max_events: int = 10_000
+
+    # Limits (section 6a); 0 disables
+    max_connections_per_user: int = 50
+    rate_messages_per_s: float = 200.0
+    rate_runs_per_min: int = 120
+
+    # Agent runs (section 6)
+    llm: Literal["scripted", "openai"] | None = None
+    model: str = "gpt-4o-mini"
+    openai_api_key: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("OPENAI_API_KEY", "COWRITE_OPENAI_API_KEY")
+    )
+    openai_base_url: str | None = None
+    tool_format: Literal["native", "json"] = "native"
+    system_prompt: str = (
+        "You are cowrite, an assistant that co-writes a document with its authors. "
+        "Use the tools to read and edit the document; keep edits minimal and explain them briefly."
+    )
+    max_steps: int = 20
+    tool_timeout_s: float = 60.0
+    approval_timeout_s: float = 300.0
+    run_timeout_s: float = 600.0
+    client_grace_s: float = 30.0
+    server_tool_timeout_s: float = 10.0
+
+    @field_validator("allowed_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> "Settings":
+        if self.max_message_bytes < 1024:
+            raise ValueError("COWRITE_MAX_MESSAGE_BYTES must be at least 1024")
+        if self.outbound_queue_max < 16:
+            raise ValueError("COWRITE_OUTBOUND_QUEUE_MAX must be at least 16")
+        return self
+
+    @property
+    def effective_llm(self) -> Literal["scripted", "openai"]:
+        """`scripted` unless asked for, or an OpenAI key is configured."""
+        if self.llm is not None:
+            return self.llm
+        return "openai" if self.openai_api_key else "scripted"
+
+    @property
+    def json_logs(self) -> bool:
+        return (not self.dev) if self.log_json is None else self.log_json

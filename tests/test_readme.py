@@ -1,0 +1,22 @@
+"""README.md stays true: every setting is documented, and the two commands are there."""
+
+import re
+from pathlib import Path
+
+from server.settings import Settings
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+def test_every_setting_is_in_the_configuration_table() -> None:
+    documented = set(re.findall(r"^\| `([A-Z_]+)` \|", README, flags=re.MULTILINE))
+    expected = {
+        "OPENAI_API_KEY" if name == "openai_api_key" else f"COWRITE_{name.upper()}"
+        for name in Settings.model_fields
+    }
+    assert expected - documented == set(), "undocumented settings"
+    assert documented - expected == set(), "documented settings that do not exist"
+
+
+def test_quick_start_commands() -> None:
+    assert "make run" in README and "make test" in README
