@@ -1,0 +1,1 @@
+"""Benchmarks and the load generator: `make bench` (not part of `make test`)."""
