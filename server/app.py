@@ -19,6 +19,7 @@ from starlette.staticfiles import StaticFiles
 from protocol.schema import build_schema
 from protocol.server import Limits
 from server.agent.coordinator import RunCoordinator
+from server.agent.factory import make_llm
 from server.auth import Authenticator, AuthError
 from server.backends.base import Backend
 from server.backends.memory import MemoryBackend
@@ -59,7 +60,8 @@ def build_services(settings: Settings) -> Services:
 
     services = Services(
         settings=settings, backend=backend, auth=Authenticator(settings), metrics=Metrics(),
-        hub=SessionHub(session_factory), instance_id=uuid.uuid4().hex[:12],
+        hub=SessionHub(session_factory), llm=make_llm(settings),
+        instance_id=uuid.uuid4().hex[:12],
     )
     return services
 
@@ -134,6 +136,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         finally:
             for session in list(services.hub.sessions.values()):
                 await session.runs.shutdown()
+            await services.llm.close()
             await services.backend.close()
 
     routes = [

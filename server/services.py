@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+from server.agent.llm import LLM
 from server.auth import Authenticator
 from server.backends.base import Backend
 from server.observability import Metrics
@@ -16,4 +17,5 @@ class Services:
     auth: Authenticator
     metrics: Metrics
     hub: SessionHub
+    llm: LLM
     instance_id: str

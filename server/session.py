@@ -106,7 +106,7 @@ class DocumentSession:
             resumed=hello.resume is not None and failure is None,
             resume_failed=failure,
             replayed=len(replay),
-            active_run=self.runs.snapshot(),
+            active_run=self.runs.snapshot(conn.user_id),
             limits=self.limits,
         )
         conn.outbound.begin(_Frame("welcome", welcome.to_json().decode()), start_seq, replay)

@@ -97,6 +97,7 @@ class Client:
     def __init__(self, ws: ClientConnection) -> None:
         self.ws = ws
         self.events: list[dict[str, Any]] = []
+        self._taken: set[int] = set()
 
     async def send(self, message: dict[str, Any]) -> None:
         await self.ws.send(orjson.dumps(message).decode())
@@ -110,8 +111,13 @@ class Client:
     async def recv_until(
         self, predicate: Callable[[dict[str, Any]], bool] | str, timeout: float = RECV_TIMEOUT
     ) -> dict[str, Any]:
-        """Receive until an event matches (a type name or a predicate)."""
+        """The first event matching (a type name or a predicate) that no earlier
+        call returned, whether it was already received or is still to come."""
         match = (lambda e: e.get("type") == predicate) if isinstance(predicate, str) else predicate
+        for index, event in enumerate(self.events):
+            if index not in self._taken and match(event):
+                self._taken.add(index)
+                return event
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             remaining = deadline - asyncio.get_running_loop().time()
@@ -119,6 +125,7 @@ class Client:
                 raise TimeoutError(f"no matching event; got {[e.get('type') for e in self.events]}")
             event = await self.recv(remaining)
             if match(event):
+                self._taken.add(len(self.events) - 1)
                 return event
 
     async def expect_close(self, timeout: float = RECV_TIMEOUT) -> int | None:

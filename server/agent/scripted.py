@@ -1,0 +1,118 @@
+"""`ScriptedLLM`: a model that needs no network (PROTOCOL.md section 9).
+
+A prompt that is a JSON object with a `script` key is followed one element
+per model call. Beyond the protocol text, two test conveniences: a step may
+say `{"fail": "message"}` to act as an upstream failure, and a tool call's
+`arguments` may be a string, sent to the loop as raw (possibly invalid) JSON.
+
+Any other prompt gets the demo: read the document with the client's
+`read_document` tool, then edit it visibly (`insert_text`, or
+`replace_document`, which the test page guards with an approval, when the
+prompt asks to rewrite or replace), with streamed commentary.
+"""
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+
+from server.agent.llm import ModelChunk, ModelError, ModelRequest, TextChunk, ToolCallRequest
+
+
+def parse_script(prompt: str) -> dict[str, Any] | None:
+    if not prompt.lstrip().startswith("{"):
+        return None
+    try:
+        data = orjson.loads(prompt)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(data, dict) and isinstance(data.get("script"), list):
+        return data
+    return None
+
+
+class ScriptedLLM:
+    async def close(self) -> None:
+        return None
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        script = parse_script(request.prompt)
+        if script is not None:
+            steps: list[Any] = script["script"]
+            step = steps[request.step] if request.step < len(steps) else {}
+            chunk_chars = max(1, int(script.get("chunk_chars", 4)))
+            delay = max(0.0, float(script.get("delay_ms", 0)) / 1000)
+        else:
+            step = _demo_step(request)
+            chunk_chars, delay = 6, 0.015
+        if not isinstance(step, dict):
+            raise ModelError(f"script element {request.step} is not an object")
+        say = str(step.get("say") or "")
+        for start in range(0, len(say), chunk_chars):
+            await asyncio.sleep(delay)
+            yield TextChunk(say[start:start + chunk_chars])
+        if step.get("fail"):
+            raise ModelError(str(step["fail"]))
+        for call in step.get("tool_calls") or ():
+            arguments = call.get("arguments", {})
+            raw = arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()
+            yield ToolCallRequest(f"call_{uuid.uuid4().hex[:10]}", str(call.get("name")), raw)
+
+
+def _demo_step(request: ModelRequest) -> dict[str, Any]:
+    """The free-text demo: read, edit, summarize, using the declared tools."""
+    declared = {tool.name for tool in request.client_tools}
+    prompt = " ".join(request.prompt.split())[:200] or "your request"
+    if not request.tools or not declared & {"read_document", "insert_text", "replace_document"}:
+        words = len(request.context.document.text.split()) if (
+            request.context and request.context.document) else 0
+        note = f" The document you shared has {words} words." if words else ""
+        return {"say": f"You asked: \u201c{prompt}\u201d. I am cowrite's scripted demo model, "
+                       f"so I answer without a language model.{note}"}
+    wants_rewrite = any(w in prompt.lower() for w in ("rewrite", "replace", "title"))
+    if request.step == 0 and "read_document" in declared:
+        return {"say": "Let me read the document first. ",
+                "tool_calls": [{"name": "read_document", "arguments": {}}]}
+    if request.step <= 1:
+        text = _document_text(request)
+        words = len(text.split())
+        if wants_rewrite and "replace_document" in declared:
+            title = prompt[:1].upper() + prompt[1:]
+            return {"say": f"The document has {words} words. I will put a title on it; "
+                           "this replaces the whole document, so I need your approval. ",
+                    "tool_calls": [{"name": "replace_document",
+                                    "arguments": {"text": f"# {title}\n\n{text}"}}]}
+        if "insert_text" in declared:
+            line = (f"\n\n\u270d cowrite: \u201c{prompt}\u201d \u2014 noted after reading "
+                    f"{words} words.")
+            return {"say": f"I read {words} words. Now I'll add a line at the end. ",
+                    "tool_calls": [{"name": "insert_text",
+                                    "arguments": {"text": line, "position": "end"}}]}
+    outcome = _last_outcome(request)
+    return {"say": f"Done. {outcome}"}
+
+
+def _document_text(request: ModelRequest) -> str:
+    for result in reversed(request.tool_results):
+        if result.get("name") == "read_document":
+            output = result.get("output")
+            if isinstance(output, dict) and isinstance(output.get("text"), str):
+                return str(output["text"])
+            if isinstance(output, str):
+                return output
+    if request.context and request.context.document:
+        return request.context.document.text
+    return ""
+
+
+def _last_outcome(request: ModelRequest) -> str:
+    if not request.tool_results:
+        return ""
+    last = request.tool_results[-1]
+    if last.get("status") == "rejected":
+        return "You rejected the change, so I left the document as it was."
+    if last.get("status") != "ok":
+        return f"The last tool did not succeed ({last.get('status')})."
+    return "The edit is in the document."
