@@ -18,7 +18,7 @@ REPLACE_DOC = {"name": "replace_document", "description": "Replace everything.",
                "parameters": {"type": "object", "required": ["text"],
                               "properties": {"text": {"type": "string"}},
                               "additionalProperties": False}}
-EDITOR_TOOLS = [READ, INSERT, REPLACE_DOC]
+EDITOR_TOOLS: list[dict[str, Any]] = [READ, INSERT, REPLACE_DOC]
 
 
 def script(*steps: dict[str, Any], chunk_chars: int = 4, delay_ms: int = 0) -> str:
