@@ -1,0 +1,41 @@
+"""Delta coalescing (PROTOCOL.md section 3): only while a connection of the
+document has a send pending; live and replayed streams are identical."""
+
+from tests.harness import RawClient, Server, joined, running_server, token
+from tests.runs import of_run, script, start
+
+TEXT = "".join(f"{i:04d} " for i in range(600))  # 3,000 characters
+
+
+async def test_idle_document_gets_every_delta(server: Server) -> None:
+    async with joined(server) as (client, _):
+        ack = await start(client, script({"say": TEXT[:400]}, chunk_chars=4))
+        await client.recv_until("run.finished")
+        deltas = of_run(client.events, ack["run_id"], "message.delta")
+        assert len(deltas) == 100
+
+
+async def test_backed_up_connection_makes_deltas_merge_without_loss() -> None:
+    async with running_server(rate_messages_per_s=0) as srv, joined(srv) as (client, welcome):
+        stuck = await RawClient.connect(srv.settings.port, "/v1/documents/doc-1/ws")
+        stuck.send({"type": "hello", "protocol": 1, "client_id": "stuck", "token": token("sam")})
+        bulky = "v" * 100_000
+        for _ in range(8):  # ~8 MB that the stuck client does not read
+            for i in range(10):
+                await client.send({"type": "editor.change", "document_version": f"{i}:{bulky}"})
+            for _ in range(10):
+                await client.recv_until("document.changed")
+        ack = await start(client, script({"say": TEXT}, chunk_chars=3))
+        done = await client.recv_until("message.done")
+        await client.recv_until("run.finished")
+        deltas = of_run(client.events, ack["run_id"], "message.delta")
+        assert "".join(d["delta"] for d in deltas) == TEXT == done["text"]
+        assert len(deltas) < 1000  # 1,000 chunks were merged into fewer events
+        seqs = [e["seq"] for e in client.events if "seq" in e]
+        assert seqs == list(range(welcome["last_seq"] + 1, welcome["last_seq"] + 1 + len(seqs)))
+        stuck.close()
+        # a replay is the same stream, event for event
+        resume = {"epoch": welcome["epoch"], "after_seq": welcome["last_seq"]}
+        async with joined(srv, client_id="late", resume=resume) as (late, back):
+            replayed = [await late.recv() for _ in range(back["replayed"])]
+        assert of_run(replayed, ack["run_id"]) == of_run(client.events, ack["run_id"])
