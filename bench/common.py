@@ -1,0 +1,111 @@
+"""Shared bench plumbing: servers as subprocesses, /proc readings, percentiles."""
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import jwt
+import orjson
+from websockets.asyncio.client import ClientConnection, connect
+
+BENCH_SECRET = "bench-secret-0123456789abcdef0123456789"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    process: subprocess.Popen[bytes]
+    port: int
+
+    def cpu_s(self) -> float:
+        with open(f"/proc/{self.process.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+    def rss_bytes(self) -> int:
+        with open(f"/proc/{self.process.pid}/statm") as f:
+            return int(f.read().split()[1]) * PAGE
+
+    def url(self, path: str, scheme: str = "ws") -> str:
+        return f"{scheme}://127.0.0.1:{self.port}{path}"
+
+
+@contextlib.asynccontextmanager
+async def server_process(kind: str, **env: str) -> AsyncIterator[Proc]:
+    """`kind` is "cowrite" (python -m server) or "bare" (bench.bare_server)."""
+    port = free_port()
+    environment = {**os.environ, "COWRITE_PORT": str(port), "COWRITE_JWT_SECRET": BENCH_SECRET,
+                   "COWRITE_LOG_LEVEL": "warning", "COWRITE_RATE_MESSAGES_PER_S": "0",
+                   "COWRITE_RATE_RUNS_PER_MIN": "0", "COWRITE_MAX_CONNECTIONS_PER_USER": "0",
+                   **env}
+    module = "server" if kind == "cowrite" else "bench.bare_server"
+    process = subprocess.Popen([sys.executable, "-m", module], env=environment,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = Proc(process, port)
+    try:
+        async with httpx.AsyncClient() as http:
+            for _ in range(200):
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await http.get(proc.url("/healthz", "http"))).status_code == 200:
+                        break
+                await asyncio.sleep(0.05)
+            else:
+                raise RuntimeError(f"{kind} server did not start")
+        yield proc
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def bench_token(sub: str = "bench") -> str:
+    return jwt.encode({"sub": sub, "docs": ["*"], "exp": int(time.time()) + 3600}, BENCH_SECRET,
+                      algorithm="HS256")
+
+
+async def cowrite_join(proc: Proc, document_id: str, client_id: str, sub: str = "bench"
+                       ) -> tuple[ClientConnection, dict[str, Any]]:
+    ws = await connect(proc.url(f"/v1/documents/{document_id}/ws"), compression=None,
+                       max_size=None, ping_interval=None)
+    await ws.send(orjson.dumps({"type": "hello", "protocol": 1, "client_id": client_id,
+                                "token": bench_token(sub)}).decode())
+    welcome = orjson.loads(await ws.recv())
+    return ws, welcome
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def script_prompt(text: str, chunk_chars: int, delay_ms: float = 0,
+                  tool_steps: int = 0) -> str:
+    steps: list[dict[str, Any]] = [
+        {"tool_calls": [{"name": "read_document", "arguments": {}}]} for _ in range(tool_steps)]
+    steps.append({"say": text})
+    return orjson.dumps({"script": steps, "chunk_chars": chunk_chars,
+                         "delay_ms": delay_ms}).decode()
+
+
+READ_TOOL = {"name": "read_document", "description": "Read the document.",
+             "parameters": {"type": "object", "properties": {}}}

@@ -1,0 +1,80 @@
+"""`make bench` / `python -m bench.run`: run the benchmarks, print the table,
+and rewrite README's benchmark table (between the bench markers)."""
+
+import argparse
+import asyncio
+import platform
+import resource
+import time
+from pathlib import Path
+
+from bench import runs, transport
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+
+
+def table(t: dict[str, float], r: dict[str, float], concurrent: int) -> str:
+    rows = [
+        ("events/s delivered to one connection", f"{t['cowrite_events_per_s']:,.0f}",
+         f"{t['bare_events_per_s']:,.0f}",
+         f"{t['cowrite_events_per_s'] / t['bare_events_per_s']:.2f}x", ""),
+        ("server CPU per delivered event", f"{t['cowrite_cpu_us_per_event']:.1f} us",
+         f"{t['bare_cpu_us_per_event']:.1f} us", f"{t['cpu_ratio']:.2f}x", "<= 2x"),
+        ("memory per idle connection (1,000)", f"{t['cowrite_kib_per_idle_connection']:.1f} KiB",
+         f"{t['bare_kib_per_idle_connection']:.1f} KiB",
+         f"{t['cowrite_kib_per_idle_connection'] / t['bare_kib_per_idle_connection']:.2f}x",
+         "<= 40 KiB"),
+        ("abort latency p50 / p99, 1 run", f"{r['abort_1_p50_ms']:.2f} / "
+         f"{r['abort_1_p99_ms']:.2f} ms", "", "", "p99 <= 2 ms"),
+        (f"abort latency p50 / p99, {concurrent} runs",
+         f"{r[f'abort_{concurrent}_p50_ms']:.2f} / {r[f'abort_{concurrent}_p99_ms']:.2f} ms",
+         "", "", "p99 <= 20 ms"),
+        ("tool round trip p50 / p99 (vs ping-pong)", f"{r['tool_rtt_p50_ms']:.2f} / "
+         f"{r['tool_rtt_p99_ms']:.2f} ms", f"{r['pingpong_p50_ms']:.2f} / "
+         f"{r['pingpong_p99_ms']:.2f} ms", f"{r['tool_rtt_ratio_p50']:.2f}x", "p50 <= 2x"),
+    ]
+    lines = ["| measure | cowrite | bare Starlette | ratio | goal |", "|---|---|---|---|---|"]
+    lines += [f"| {' | '.join(row)} |" for row in rows]
+    lines.append("")
+    lines.append(
+        f"Measured {time.strftime('%Y-%m-%d')} with `make bench` on {platform.machine()}, "
+        f"Python {platform.python_version()}; client and servers on one 2-core machine. "
+        f"{t['deltas_produced']:,.0f} deltas were produced and "
+        f"{t['events_delivered']:,.0f} events delivered (average frame "
+        f"{t['cowrite_avg_frame_bytes']:.0f} B; deltas merge while the reader is backed up); "
+        f"the bare endpoint sent the same number of frames of the same size.")
+    return "\n".join(lines)
+
+
+def rewrite_readme(text: str) -> None:
+    readme = README.read_text()
+    head, _, rest = readme.partition(START)
+    _, _, tail = rest.partition(END)
+    README.write_text(f"{head}{START}\n{text}\n{END}{tail}")
+
+
+async def main_async(quick: bool, write: bool) -> None:
+    concurrent = 50 if quick else 200
+    t = await transport.measure(deltas=3000 if quick else 20_000,
+                                connections=200 if quick else 1000)
+    r = await runs.measure(concurrent=concurrent, calls=50 if quick else 300)
+    text = table(t, r, concurrent)
+    print(text)
+    if write:
+        rewrite_readme(text)
+        print(f"\nrewrote the benchmark table in {README}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="smaller runs, for a smoke test")
+    parser.add_argument("--no-readme", action="store_true", help="print only")
+    args = parser.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    asyncio.run(main_async(args.quick, write=not args.no_readme and not args.quick))
+
+
+if __name__ == "__main__":
+    main()

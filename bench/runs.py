@@ -1,0 +1,96 @@
+"""Issue "agent runs" benchmarks: abort latency (editor.change sent ->
+run.finished received) with 1 and N concurrent streaming runs, and the tool
+round trip beside a bare WebSocket ping-pong in the same run."""
+
+import asyncio
+import random
+import time
+
+import orjson
+from websockets.asyncio.client import ClientConnection, connect
+
+from bench.common import READ_TOOL, Proc, cowrite_join, percentile, script_prompt, server_process
+
+LONG_STREAM = script_prompt("lorem ipsum " * 2000, chunk_chars=8, delay_ms=5)
+
+
+async def _until(ws: ClientConnection, kind: str) -> dict[str, object]:
+    while True:
+        event: dict[str, object] = orjson.loads(await ws.recv())
+        if event.get("type") == kind:
+            return event
+
+
+async def _one_abort(ws: ClientConnection, delay: float) -> float:
+    await ws.send(orjson.dumps({"type": "run.start", "prompt": LONG_STREAM}).decode())
+    await _until(ws, "message.delta")
+    await asyncio.sleep(delay)
+    t0 = time.perf_counter()
+    await ws.send('{"type":"editor.change"}')
+    await _until(ws, "run.finished")
+    return (time.perf_counter() - t0) * 1000
+
+
+async def abort_latency(proc: Proc, concurrent: int, rounds: int) -> list[float]:
+    joined = await asyncio.gather(*(cowrite_join(proc, f"abort-{i}", f"c{i}")
+                                    for i in range(concurrent)))
+    sockets = [ws for ws, _ in joined]
+    latencies: list[float] = []
+    rng = random.Random(7)
+    try:
+        for _ in range(rounds):
+            latencies += await asyncio.gather(*(_one_abort(ws, rng.uniform(0.05, 0.5))
+                                                for ws in sockets))
+    finally:
+        await asyncio.gather(*(ws.close() for ws in sockets))
+    return latencies
+
+
+async def tool_round_trips(proc: Proc, calls: int) -> list[float]:
+    ws, _ = await cowrite_join(proc, "tools", "executor")
+    trips: list[float] = []
+    async with ws:
+        await ws.send(orjson.dumps({"type": "run.start", "tools": [READ_TOOL],
+                                    "prompt": script_prompt("done", 4, tool_steps=calls),
+                                    "options": {"max_steps": calls + 1}}).decode())
+        sent_at = None
+        while True:
+            event = orjson.loads(await ws.recv())
+            if event["type"] == "tool.call":
+                now = time.perf_counter()
+                if sent_at is not None:
+                    trips.append((now - sent_at) * 1000)
+                await ws.send(orjson.dumps({
+                    "type": "tool.result", "run_id": event["run_id"], "call_id": event["call_id"],
+                    "token": event["token"], "output": {"text": "doc"}}).decode())
+                sent_at = time.perf_counter()
+            elif event["type"] == "run.finished":
+                return trips
+
+
+async def ping_pongs(proc: Proc, count: int) -> list[float]:
+    async with connect(proc.url("/echo"), compression=None) as ws:
+        trips = []
+        for _ in range(count):
+            t0 = time.perf_counter()
+            await ws.send('{"type":"tool.result","output":{"text":"doc"}}')
+            await ws.recv()
+            trips.append((time.perf_counter() - t0) * 1000)
+        return trips
+
+
+async def measure(concurrent: int = 200, calls: int = 300) -> dict[str, float]:
+    async with server_process("cowrite") as cowrite:
+        single = await abort_latency(cowrite, 1, 40)
+        many = await abort_latency(cowrite, concurrent, 1)
+        tools = await tool_round_trips(cowrite, calls)
+    async with server_process("bare") as bare:
+        pongs = await ping_pongs(bare, calls)
+    return {
+        "abort_1_p50_ms": percentile(single, 50), "abort_1_p99_ms": percentile(single, 99),
+        f"abort_{concurrent}_p50_ms": percentile(many, 50),
+        f"abort_{concurrent}_p99_ms": percentile(many, 99),
+        "tool_rtt_p50_ms": percentile(tools, 50), "tool_rtt_p99_ms": percentile(tools, 99),
+        "pingpong_p50_ms": percentile(pongs, 50), "pingpong_p99_ms": percentile(pongs, 99),
+        "tool_rtt_ratio_p50": percentile(tools, 50) / percentile(pongs, 50),
+    }
