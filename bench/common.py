@@ -29,7 +29,7 @@ def free_port() -> int:
 
 @dataclass
 class Proc:
-    process: subprocess.Popen[bytes]
+    process: asyncio.subprocess.Process
     port: int
 
     def cpu_s(self) -> float:
@@ -54,8 +54,9 @@ async def server_process(kind: str, **env: str) -> AsyncIterator[Proc]:
                    "COWRITE_RATE_RUNS_PER_MIN": "0", "COWRITE_MAX_CONNECTIONS_PER_USER": "0",
                    **env}
     module = "server" if kind == "cowrite" else "bench.bare_server"
-    process = subprocess.Popen([sys.executable, "-m", module], env=environment,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, env=environment,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     proc = Proc(process, port)
     try:
         async with httpx.AsyncClient() as http:
@@ -70,9 +71,10 @@ async def server_process(kind: str, **env: str) -> AsyncIterator[Proc]:
     finally:
         process.terminate()
         try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
+            await asyncio.wait_for(process.wait(), 10)
+        except TimeoutError:
             process.kill()
+            await process.wait()
 
 
 def bench_token(sub: str = "bench") -> str:

@@ -71,7 +71,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller runs, for a smoke test")
     parser.add_argument("--no-readme", action="store_true", help="print only")
     args = parser.parse_args()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     asyncio.run(main_async(args.quick, write=not args.no_readme and not args.quick))
 
