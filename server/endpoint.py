@@ -184,7 +184,7 @@ async def _run_connection(
         ws.send_text,
         max_events=settings.outbound_queue_max,
         backfill=backfill,
-        on_sent=lambda t: metrics.messages_out.labels(t).inc(),
+        on_sent=metrics.count_sent,
         on_idle=session.on_writer_idle,
     )
     conn = Connection(

@@ -137,7 +137,8 @@ class Outbound:
                     for event in item.events:
                         if not await self._send_event(event):
                             return self._lost_track()
-            await asyncio.sleep(0)
+            if self._queue:
+                await asyncio.sleep(0)  # more to send: let other connections' writers run
 
     def _lost_track(self) -> CloseRequest:
         """The log no longer holds events this connection missed: make it resume."""

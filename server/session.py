@@ -140,28 +140,40 @@ class DocumentSession:
             conn.outbound.push_event(event)
 
     def _backlogged(self) -> bool:
-        return any(conn.outbound.has_pending_send for conn in self.connections.values())
+        for conn in self.connections.values():
+            if conn.outbound.has_pending_send:
+                return True
+        return False
 
     async def publish(self, event: DurableServerEvent) -> LoggedEvent | None:
-        """Log and fan out `event`; a delta may be held back to be merged."""
-        if isinstance(event, MessageDelta) and self._hold_delta(event):
+        """Log and fan out `event` (after any delta held back for merging)."""
+        if isinstance(event, MessageDelta):
+            await self.publish_delta(event.run_id, event.message_id, event.delta)
             return None
         async with self._publish_lock:
             await self._flush_locked()
             return await self.backend.append(self.document_id, event.to_wire())
 
-    def _hold_delta(self, event: MessageDelta) -> bool:
+    async def publish_delta(self, run_id: str, message_id: str, delta: str) -> None:
+        """The hot path: no model object per delta, and merging while backed up."""
+        if self._hold_delta(run_id, message_id, delta):
+            return
+        async with self._publish_lock:
+            await self._flush_locked()
+            await self.backend.append(self.document_id, {
+                "type": "message.delta", "run_id": run_id, "message_id": message_id,
+                "delta": delta})
+
+    def _hold_delta(self, run_id: str, message_id: str, delta: str) -> bool:
         pending = self._pending
-        if pending is not None and (
-            pending.message_id != event.message_id or pending.run_id != event.run_id
-        ):
-            return False  # publish() flushes the other message first
+        if pending is not None and (pending.message_id != message_id or pending.run_id != run_id):
+            return False  # publish_delta() flushes the other message first
         if not self._backlogged():
             return False
         if pending is None:
-            pending = self._pending = _PendingDelta(event.run_id, event.message_id)
-        pending.parts.append(event.delta)
-        pending.size += len(event.delta)
+            pending = self._pending = _PendingDelta(run_id, message_id)
+        pending.parts.append(delta)
+        pending.size += len(delta)
         if pending.size >= COALESCE_MAX_CHARS:
             self._schedule_flush()
         return True
@@ -173,10 +185,9 @@ class DocumentSession:
     async def _flush_locked(self) -> None:
         pending, self._pending = self._pending, None
         if pending is not None and pending.parts:
-            delta = MessageDelta(
-                run_id=pending.run_id, message_id=pending.message_id, delta="".join(pending.parts)
-            )
-            await self.backend.append(self.document_id, delta.to_wire())
+            await self.backend.append(self.document_id, {
+                "type": "message.delta", "run_id": pending.run_id,
+                "message_id": pending.message_id, "delta": "".join(pending.parts)})
 
     def on_writer_idle(self) -> None:
         if self._pending is not None and not self._backlogged():

@@ -102,6 +102,11 @@ class RunCoordinator:
             raise asyncio.CancelledError
         await self.session.publish(event)
 
+    async def emit_delta(self, run: Run, delta: str) -> None:
+        if run.finishing or run.message_id is None:
+            raise asyncio.CancelledError
+        await self.session.publish_delta(run.run_id, run.message_id, delta)
+
     async def remember(self, run: Run, entries: list[dict[str, Any]]) -> None:
         await self.services.backend.append_history(run.document_id, entries)
 

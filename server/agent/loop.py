@@ -29,6 +29,8 @@ from server.agent.tools import CheckedCall
 class RunHost(Protocol):
     async def emit(self, run: Run, event: DurableServerEvent) -> None: ...
 
+    async def emit_delta(self, run: Run, delta: str) -> None: ...
+
     async def remember(self, run: Run, entries: list[dict[str, Any]]) -> None: ...
 
     async def run_tool(self, run: Run, call_id: str, call: CheckedCall) -> ToolOutcome: ...
@@ -109,8 +111,7 @@ class AgentLoop:
                     continue
                 run.message_parts.append(chunk.text)
                 if not self.json_mode:
-                    await self.host.emit(run, MessageDelta(
-                        run_id=run.run_id, message_id=run.message_id, delta=chunk.text))
+                    await self.host.emit_delta(run, chunk.text)
             elif isinstance(chunk, ToolCallRequest):
                 calls.append(chunk)
             elif isinstance(chunk, UsageChunk):

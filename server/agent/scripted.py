@@ -12,6 +12,7 @@ prompt asks to rewrite or replace), with streamed commentary.
 """
 
 import asyncio
+import functools
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,7 +22,9 @@ import orjson
 from server.agent.llm import ModelChunk, ModelError, ModelRequest, TextChunk, ToolCallRequest
 
 
+@functools.lru_cache(maxsize=256)
 def parse_script(prompt: str) -> dict[str, Any] | None:
+    """The script of a prompt (cached: a run asks once per model call)."""
     if not prompt.lstrip().startswith("{"):
         return None
     try:
