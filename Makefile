@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test lint typecheck pytest schema bench clean
+.PHONY: run test lint typecheck jstest pytest schema bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,10 +29,13 @@ lint: $(VENV)/.installed-test
 typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy
 
+jstest:
+	node --test tests/js/
+
 pytest: $(VENV)/.installed-test
 	$(BIN)/python -m pytest
 
-test: lint typecheck pytest
+test: lint typecheck jstest pytest
 
 schema: $(VENV)/.installed
 	$(BIN)/python -m protocol.schema

@@ -1,0 +1,315 @@
+// cowrite client: a dependency-free ES module for editor frontends.
+//
+//   import { CowriteClient } from "/static/client.js";
+//   const client = new CowriteClient({ baseUrl: "ws://host:8000", documentId: "doc-1",
+//                                      getToken: async () => token });
+//   client.registerTool({ name: "read_document", parameters: {type: "object"} },
+//                       async (args) => ({ text: editor.value }));
+//   client.addEventListener("message.delta", (e) => render(e.detail.delta));
+//   client.connect();
+//   await client.startRun({ prompt: "Tighten the intro" });
+//
+// It sends `hello`, reconnects with exponential backoff and jitter when the
+// close code says so, resumes with {epoch, after_seq} and drops any durable
+// event it has already seen, answers `tool.call`s addressed to its client_id
+// with the registered handlers (once per call, even across reconnects), and
+// emits one DOM event per server event type plus "state" and "event".
+
+/**
+ * @typedef {{name: string, description?: string, parameters?: object, requires_approval?: boolean}} ToolSpec
+ * @typedef {{type: string, seq?: number, ts?: number, run_id?: string, [key: string]: any}} ServerEvent
+ * @typedef {{type: "welcome", protocol: number, session_id: string, document_id: string,
+ *   user_id: string, client_id: string, role: "editor"|"viewer", epoch: string, last_seq: number,
+ *   resumed: boolean, resume_failed?: "epoch_changed"|"history_truncated", replayed: number,
+ *   active_run?: RunSnapshot, limits: object}} Welcome
+ * @typedef {{run_id: string, status: string, mode: "agent"|"chat", user_id: string,
+ *   client_id: string, step: number, pending: PendingItem[]}} RunSnapshot
+ * @typedef {{kind: "tool"|"approval", call_id: string, name: string, arguments: object,
+ *   token?: string, expires_at: number}} PendingItem
+ * @typedef {{type: "tool.call", run_id: string, call_id: string, name: string, arguments: object,
+ *   executor: "client"|"server", client_id?: string, token?: string, expires_at?: number,
+ *   seq: number}} ToolCallEvent
+ * @typedef {"idle"|"connecting"|"open"|"reconnecting"|"closed"} ConnectionState
+ * @typedef {(args: object, call: ToolCallEvent) => Promise<any>|any} ToolHandler
+ */
+
+/** Close codes of PROTOCOL.md section 7. */
+export const CLOSE = Object.freeze({
+  NORMAL: 1000, GOING_AWAY: 1001, ABNORMAL: 1006, TOO_BIG: 1009, INTERNAL: 1011,
+  RESTART: 1012, TRY_AGAIN: 1013, UNAUTHENTICATED: 4001, FORBIDDEN: 4003,
+  RATE_LIMITED: 4008, SLOW_CONSUMER: 4009, TOO_MANY_INVALID: 4400,
+});
+
+/**
+ * What to do after a close: "retry" (with backoff, resuming), "reauth" (get a
+ * fresh token, then retry), or "stop" (the client must be fixed, or the user
+ * may not open the document).
+ * @param {number} code
+ * @returns {"retry"|"reauth"|"stop"}
+ */
+export function closeAction(code) {
+  switch (code) {
+    case CLOSE.UNAUTHENTICATED: return "reauth";
+    case CLOSE.NORMAL: case CLOSE.TOO_BIG: case CLOSE.FORBIDDEN: case CLOSE.TOO_MANY_INVALID:
+      return "stop";
+    default: return "retry"; // 1001, 1005/1006 (network), 1011-1013, 4008, 4009, unknown
+  }
+}
+
+/**
+ * Exponential backoff with full jitter: a random delay in [0, min(max, base * 2^attempt)].
+ * @param {number} attempt 0 for the first retry
+ * @param {{baseMs?: number, maxMs?: number, random?: () => number}} [options]
+ */
+export function backoffDelay(attempt, { baseMs = 250, maxMs = 10_000, random = Math.random } = {}) {
+  const ceiling = Math.min(maxMs, baseMs * 2 ** Math.min(attempt, 20));
+  return Math.round(random() * ceiling);
+}
+
+/**
+ * Where this client stands in the document log, and whether an event is new.
+ * Durable events arrive in seq order; anything at or below `lastSeq` was seen.
+ */
+export class SeqTracker {
+  constructor() {
+    /** @type {string|null} */ this.epoch = null;
+    this.lastSeq = 0;
+  }
+
+  /** @param {Welcome} welcome */
+  onWelcome(welcome) {
+    if (!welcome.resumed) this.lastSeq = welcome.last_seq;
+    this.epoch = welcome.epoch;
+  }
+
+  /** True when `event` is durable and new (and records it); false for a duplicate. */
+  accept(event) {
+    if (typeof event.seq !== "number") return true;
+    if (event.seq <= this.lastSeq) return false;
+    this.lastSeq = event.seq;
+    return true;
+  }
+
+  /** The `hello.resume` to send, or undefined before the first welcome. */
+  resumePoint() {
+    return this.epoch === null ? undefined : { epoch: this.epoch, after_seq: this.lastSeq };
+  }
+}
+
+function randomId(prefix) {
+  const bytes = new Uint8Array(8);
+  globalThis.crypto.getRandomValues(bytes);
+  return prefix + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+export class CowriteClient extends EventTarget {
+  /**
+   * @param {{baseUrl: string, documentId: string, getToken: () => Promise<string>|string,
+   *   clientId?: string, WebSocketImpl?: typeof WebSocket, backoff?: object,
+   *   setTimeout?: typeof setTimeout, now?: () => number}} options
+   */
+  constructor(options) {
+    super();
+    this.baseUrl = options.baseUrl.replace(/\/$/, "");
+    this.documentId = options.documentId;
+    this.getToken = options.getToken;
+    this.clientId = options.clientId ?? randomId("tab-");
+    this.WebSocketImpl = options.WebSocketImpl ?? globalThis.WebSocket;
+    this.backoff = options.backoff ?? {};
+    this.setTimer = options.setTimeout ?? ((fn, ms) => setTimeout(fn, ms));
+    this.seq = new SeqTracker();
+    /** @type {ConnectionState} */ this.state = "idle";
+    /** @type {Welcome|null} */ this.welcome = null;
+    /** @type {Map<string, {spec: ToolSpec, handler: ToolHandler}>} */ this.tools = new Map();
+    /** @type {Map<string, object>} results kept until their tool.done, to resend after a drop */
+    this.results = new Map();
+    /** @type {Set<string>} calls this client started executing */ this.executing = new Set();
+    /** @type {Map<string, {resolve: Function, reject: Function}>} */ this.waiting = new Map();
+    this.attempt = 0;
+    this.ws = null;
+    this.stopped = false;
+    this.counter = 0;
+  }
+
+  /** @param {ToolSpec} spec @param {ToolHandler} handler */
+  registerTool(spec, handler) {
+    this.tools.set(spec.name, { spec, handler });
+  }
+
+  /** The declared tools, as sent in run.start. @returns {ToolSpec[]} */
+  toolSpecs() {
+    return [...this.tools.values()].map(({ spec }) => spec);
+  }
+
+  connect() {
+    this.stopped = false;
+    this.#open(this.state === "idle" ? "connecting" : "reconnecting");
+  }
+
+  /** Close for good (no reconnect). */
+  close() {
+    this.stopped = true;
+    this.ws?.close(CLOSE.NORMAL);
+    this.#setState("closed");
+  }
+
+  /** Send a message; with `expectReply`, resolve with its ack or reject with its error. */
+  send(message, expectReply = false) {
+    if (!this.ws || this.ws.readyState !== 1) {
+      return expectReply ? Promise.reject(new Error("not connected")) : undefined;
+    }
+    if (!expectReply) {
+      this.ws.send(JSON.stringify(message));
+      return undefined;
+    }
+    const id = message.id ?? `m${++this.counter}`;
+    const promise = new Promise((resolve, reject) => this.waiting.set(id, { resolve, reject }));
+    this.ws.send(JSON.stringify({ ...message, id }));
+    return promise;
+  }
+
+  /**
+   * Start a run with this client's tools; resolves with the ack ({run_id, status}).
+   * @param {{prompt: string, mode?: "agent"|"chat", context?: object, options?: object,
+   *   runId?: string, tools?: ToolSpec[]}} run
+   */
+  startRun({ prompt, mode = "agent", context, options, runId, tools }) {
+    return this.send({ type: "run.start", run_id: runId ?? randomId("run_"), mode, prompt,
+                       context, options, tools: tools ?? this.toolSpecs() }, true);
+  }
+
+  cancelRun(runId, reason) {
+    return this.send({ type: "run.cancel", run_id: runId, reason }, true);
+  }
+
+  /** @param {{scope?: "call"|"run", arguments?: object}} [how] */
+  approve(runId, callId, how = {}) {
+    return this.send({ type: "approval", run_id: runId, call_id: callId, decision: "approve",
+                       scope: how.scope ?? "call", arguments: how.arguments }, true);
+  }
+
+  reject(runId, callId, reason) {
+    return this.send({ type: "approval", run_id: runId, call_id: callId, decision: "reject",
+                       reason }, true);
+  }
+
+  /** Report an edit: origin "user" aborts an active run, "agent" (tool edits) never does. */
+  editorChange({ origin = "user", documentVersion, summary } = {}) {
+    return this.send({ type: "editor.change", origin, document_version: documentVersion,
+                       summary });
+  }
+
+  refreshAuth(token) {
+    return this.send({ type: "auth.refresh", token }, true);
+  }
+
+  // -- internals ---------------------------------------------------------------
+  #setState(state, detail = {}) {
+    this.state = state;
+    this.dispatchEvent(new CustomEvent("state", { detail: { state, ...detail } }));
+  }
+
+  async #open(state) {
+    this.#setState(state);
+    let token;
+    try {
+      token = await this.getToken();
+    } catch (error) {
+      this.#scheduleReconnect({ code: CLOSE.ABNORMAL, reason: String(error) });
+      return;
+    }
+    if (this.stopped) return;
+    const url = `${this.baseUrl}/v1/documents/${encodeURIComponent(this.documentId)}/ws`;
+    const ws = new this.WebSocketImpl(url, ["cowrite.v1"]);
+    this.ws = ws;
+    ws.onopen = () => {
+      ws.send(JSON.stringify({ type: "hello", protocol: 1, client_id: this.clientId, token,
+                               resume: this.seq.resumePoint() }));
+    };
+    ws.onmessage = (message) => this.#receive(JSON.parse(message.data));
+    ws.onclose = (close) => {
+      if (this.ws !== ws) return;
+      this.ws = null;
+      for (const { reject } of this.waiting.values()) reject(new Error("connection closed"));
+      this.waiting.clear();
+      if (!this.stopped) this.#scheduleReconnect(close);
+    };
+  }
+
+  #scheduleReconnect(close) {
+    const action = closeAction(close.code);
+    if (action === "stop") {
+      this.#setState("closed", { code: close.code, reason: close.reason });
+      return;
+    }
+    const delay = backoffDelay(this.attempt++, this.backoff);
+    this.#setState("reconnecting", { code: close.code, reason: close.reason, delay, action });
+    this.setTimer(() => { if (!this.stopped) this.#open("reconnecting"); }, delay);
+  }
+
+  #receive(event) {
+    if (event.type === "welcome") {
+      this.attempt = 0;
+      this.welcome = event;
+      this.seq.onWelcome(event);
+      this.#setState("open", { resumed: event.resumed, resumeFailed: event.resume_failed });
+      this.#emit(event);
+      this.#resumeToolCalls(event.active_run);
+      return;
+    }
+    if (!this.seq.accept(event)) return; // already seen before a reconnect
+    if ((event.type === "ack" || event.type === "error") && event.reply_to) {
+      const waiter = this.waiting.get(event.reply_to);
+      if (waiter) {
+        this.waiting.delete(event.reply_to);
+        if (event.type === "ack") waiter.resolve(event);
+        else waiter.reject(Object.assign(new Error(event.message), { event }));
+      }
+    }
+    if (event.type === "tool.done") this.results.delete(event.call_id);
+    this.#emit(event);
+    if (event.type === "tool.call" && event.executor === "client" &&
+        event.client_id === this.clientId) {
+      this.#execute(event);
+    }
+  }
+
+  #emit(event) {
+    this.dispatchEvent(new CustomEvent(event.type, { detail: event }));
+    this.dispatchEvent(new CustomEvent("event", { detail: event }));
+  }
+
+  /** After a reconnect: resend results the server may have missed; run calls not yet run. */
+  #resumeToolCalls(run) {
+    if (!run || run.client_id !== this.clientId) return;
+    for (const item of run.pending) {
+      if (item.kind !== "tool" || !item.token) continue;
+      const result = this.results.get(item.call_id);
+      if (result) this.send(result);
+      else if (!this.executing.has(item.call_id)) {
+        this.#execute({ type: "tool.call", run_id: run.run_id, call_id: item.call_id,
+                        name: item.name, arguments: item.arguments, token: item.token,
+                        executor: "client", client_id: this.clientId, seq: -1 });
+      }
+    }
+  }
+
+  async #execute(call) {
+    if (this.executing.has(call.call_id)) return; // exactly once per call
+    this.executing.add(call.call_id);
+    const tool = this.tools.get(call.name);
+    const result = { type: "tool.result", run_id: call.run_id, call_id: call.call_id,
+                     token: call.token };
+    const started = performance.now();
+    try {
+      if (!tool) throw Object.assign(new Error(`no handler for ${call.name}`), { code: "no_handler" });
+      result.output = (await tool.handler(call.arguments, call)) ?? null;
+    } catch (error) {
+      result.error = { message: String(error?.message ?? error), code: error?.code };
+    }
+    this.results.set(call.call_id, result);
+    this.dispatchEvent(new CustomEvent("tool.executed", {
+      detail: { call, result, ms: performance.now() - started } }));
+    this.send(result);
+  }
+}

@@ -1,0 +1,157 @@
+// client.js without a browser: policies as pure functions, and the client
+// against a fake WebSocket (the browser's API is the edge we do not own).
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { CLOSE, CowriteClient, SeqTracker, backoffDelay, closeAction } from "../../static/client.js";
+
+test("close codes decide whether to reconnect", () => {
+  for (const code of [1001, 1005, 1006, 1011, 1012, 4008, 4009]) assert.equal(closeAction(code), "retry");
+  for (const code of [1000, 1009, 4003, 4400]) assert.equal(closeAction(code), "stop");
+  assert.equal(closeAction(CLOSE.UNAUTHENTICATED), "reauth");
+});
+
+test("backoff grows exponentially, is capped and jittered", () => {
+  assert.equal(backoffDelay(0, { random: () => 1 }), 250);
+  assert.equal(backoffDelay(3, { random: () => 1 }), 2000);
+  assert.equal(backoffDelay(30, { random: () => 1 }), 10_000);
+  assert.equal(backoffDelay(5, { random: () => 0 }), 0);
+  const samples = new Set(Array.from({ length: 50 }, () => backoffDelay(4)));
+  assert.ok(samples.size > 10, "jitter spreads reconnects");
+});
+
+test("seq tracker drops what it has seen and knows where to resume", () => {
+  const seq = new SeqTracker();
+  assert.equal(seq.resumePoint(), undefined);
+  seq.onWelcome({ epoch: "e1", last_seq: 4, resumed: false });
+  assert.deepEqual(seq.resumePoint(), { epoch: "e1", after_seq: 4 });
+  assert.equal(seq.accept({ type: "x", seq: 4 }), false);
+  assert.equal(seq.accept({ type: "x", seq: 5 }), true);
+  assert.equal(seq.accept({ type: "x", seq: 5 }), false);
+  assert.equal(seq.accept({ type: "ack" }), true); // ephemeral events have no seq
+  seq.onWelcome({ epoch: "e1", last_seq: 9, resumed: true });
+  assert.equal(seq.lastSeq, 5, "a resumed welcome keeps the position: the replay follows");
+  seq.onWelcome({ epoch: "e2", last_seq: 2, resumed: false, resume_failed: "epoch_changed" });
+  assert.deepEqual(seq.resumePoint(), { epoch: "e2", after_seq: 2 });
+});
+
+class FakeSocket {
+  static all = [];
+  constructor(url, protocols) {
+    Object.assign(this, { url, protocols, sent: [], readyState: 0 });
+    FakeSocket.all.push(this);
+    queueMicrotask(() => { this.readyState = 1; this.onopen?.(); });
+  }
+  send(text) { this.sent.push(JSON.parse(text)); }
+  close(code = 1000) { this.serverClose(code); }
+  serverSend(event) { this.onmessage?.({ data: JSON.stringify(event) }); }
+  serverClose(code, reason = "") { this.readyState = 3; this.onclose?.({ code, reason }); }
+}
+
+function makeClient() {
+  FakeSocket.all = [];
+  const timers = [];
+  const client = new CowriteClient({
+    baseUrl: "ws://server", documentId: "doc 1", getToken: () => "tok", clientId: "tab-1",
+    WebSocketImpl: FakeSocket, setTimeout: (fn, ms) => timers.push({ fn, ms }),
+    backoff: { random: () => 0.5 },
+  });
+  return { client, timers };
+}
+
+const tick = () => new Promise((resolve) => setTimeout(resolve, 0));
+
+test("hello, then reconnect with resume and no duplicate events", async () => {
+  const { client, timers } = makeClient();
+  const seen = [];
+  client.addEventListener("event", (e) => seen.push(e.detail.seq ?? e.detail.type));
+  client.connect();
+  await tick();
+  const first = FakeSocket.all[0];
+  assert.equal(first.url, "ws://server/v1/documents/doc%201/ws");
+  assert.deepEqual(first.protocols, ["cowrite.v1"]);
+  assert.deepEqual(first.sent[0], { type: "hello", protocol: 1, client_id: "tab-1", token: "tok" });
+  first.serverSend({ type: "welcome", epoch: "E", last_seq: 10, resumed: false });
+  first.serverSend({ type: "document.changed", seq: 11 });
+  first.serverSend({ type: "document.changed", seq: 12 });
+  first.serverClose(1006);
+  assert.equal(client.state, "reconnecting");
+  assert.equal(timers.length, 1);
+  assert.equal(timers[0].ms, 125); // attempt 0: half of 250 with random() = 0.5
+  timers[0].fn();
+  await tick(); await tick();
+  const second = FakeSocket.all[1];
+  assert.deepEqual(second.sent[0].resume, { epoch: "E", after_seq: 12 });
+  second.serverSend({ type: "welcome", epoch: "E", last_seq: 13, resumed: true, replayed: 1 });
+  second.serverSend({ type: "document.changed", seq: 12 }); // overlap at the seam
+  second.serverSend({ type: "document.changed", seq: 13 });
+  assert.deepEqual(seen, ["welcome", 11, 12, "welcome", 13]);
+  assert.equal(client.attempt, 0, "a welcome resets the backoff");
+});
+
+test("stop on 4003 and on a normal close; reauth on 4001", async () => {
+  const { client, timers } = makeClient();
+  client.connect();
+  await tick();
+  FakeSocket.all[0].serverClose(4003);
+  assert.equal(client.state, "closed");
+  assert.equal(timers.length, 0);
+  client.connect();
+  await tick();
+  FakeSocket.all[1].serverClose(4001);
+  assert.equal(client.state, "reconnecting");
+  assert.equal(timers.length, 1);
+});
+
+test("a tool call runs once, even when replayed, and its result is resent after a drop", async () => {
+  const { client, timers } = makeClient();
+  let runs = 0;
+  client.registerTool({ name: "read_document", parameters: { type: "object" } }, () => {
+    runs += 1;
+    return { text: "hello" };
+  });
+  client.registerTool({ name: "boom" }, () => { throw Object.assign(new Error("nope"), { code: "bad" }); });
+  client.connect();
+  await tick();
+  const ws = FakeSocket.all[0];
+  ws.serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: false });
+  const call = { type: "tool.call", seq: 1, run_id: "r", call_id: "c1", name: "read_document",
+                 arguments: {}, executor: "client", client_id: "tab-1", token: "T" };
+  ws.serverSend(call);
+  ws.serverSend({ ...call, seq: 2, call_id: "c2", name: "boom" });
+  ws.serverSend({ ...call, seq: 3, call_id: "c3", client_id: "other-tab" }); // not ours
+  await tick();
+  assert.equal(runs, 1);
+  const results = new Map(ws.sent.filter((m) => m.type === "tool.result").map((m) => [m.call_id, m]));
+  assert.deepEqual(results.get("c1"), { type: "tool.result", run_id: "r", call_id: "c1", token: "T", output: { text: "hello" } });
+  assert.deepEqual(results.get("c2").error, { message: "nope", code: "bad" });
+  assert.equal(results.size, 2);
+  ws.serverClose(1011);
+  timers[0].fn();
+  await tick(); await tick();
+  const again = FakeSocket.all[1];
+  again.serverSend({ type: "welcome", epoch: "E", last_seq: 3, resumed: true, replayed: 0,
+    active_run: { run_id: "r", client_id: "tab-1", pending: [
+      { kind: "tool", call_id: "c1", name: "read_document", arguments: {}, token: "T", expires_at: 0 }] } });
+  ws.serverSend(call); // a late duplicate on the old socket changes nothing
+  await tick();
+  assert.equal(runs, 1, "not executed twice");
+  assert.deepEqual(again.sent.filter((m) => m.type === "tool.result").map((m) => m.call_id), ["c1"]);
+});
+
+test("startRun declares the registered tools and resolves with the ack", async () => {
+  const { client } = makeClient();
+  client.registerTool({ name: "read_document", parameters: { type: "object" } }, () => null);
+  client.connect();
+  await tick();
+  const ws = FakeSocket.all[0];
+  ws.serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: false });
+  const pending = client.startRun({ prompt: "hi" });
+  const start = ws.sent.at(-1);
+  assert.equal(start.type, "run.start");
+  assert.deepEqual(start.tools.map((t) => t.name), ["read_document"]);
+  ws.serverSend({ type: "ack", reply_to: start.id, run_id: start.run_id, status: "running" });
+  assert.equal((await pending).status, "running");
+  const refused = client.cancelRun("zzz");
+  ws.serverSend({ type: "error", reply_to: ws.sent.at(-1).id, code: "run_not_found", message: "no" });
+  await assert.rejects(refused, /no/);
+});
