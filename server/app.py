@@ -41,7 +41,9 @@ class DevTokenRequest(BaseModel):
 
 def make_backend(settings: Settings) -> Backend:
     if settings.redis_url:
-        raise ValueError("COWRITE_REDIS_URL is set, but this build has no Redis backend yet")
+        from server.backends.redis import RedisBackend
+
+        return RedisBackend(settings.redis_url, log_max_events=settings.log_max_events)
     return MemoryBackend(log_max_events=settings.log_max_events)
 
 

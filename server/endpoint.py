@@ -35,6 +35,7 @@ from protocol.client import (
 from protocol.codes import CloseCode, ErrorCode
 from protocol.server import Error, Pong
 from server.auth import AuthError, Principal
+from server.backends.base import BackendUnavailable
 from server.connection import Connection
 from server.limits import InvalidStreak, TokenBucket
 from server.outbound import Outbound
@@ -157,23 +158,32 @@ async def _serve(ws: WebSocket, services: Services, document_id: str) -> None:
             reply_to=hello.id))
         return
     limit = services.settings.max_connections_per_user
-    if not await services.backend.acquire_connection(principal.user_id, limit):
-        await _refuse(ws, services, CloseCode.RATE_LIMITED, Error(
-            code=ErrorCode.RATE_LIMITED, message=f"at most {limit} connections per user",
-            reply_to=hello.id, retry_after_ms=1000))
-        return
+    connection_id = uuid.uuid4().hex
     try:
-        await _run_connection(ws, services, document_id, hello, principal)
-    finally:
-        await services.backend.release_connection(principal.user_id)
+        if not await services.backend.acquire_connection(principal.user_id, connection_id, limit):
+            await _refuse(ws, services, CloseCode.RATE_LIMITED, Error(
+                code=ErrorCode.RATE_LIMITED, message=f"at most {limit} connections per user",
+                reply_to=hello.id, retry_after_ms=1000))
+            return
+        try:
+            await _run_connection(ws, services, document_id, hello, principal, connection_id)
+        finally:
+            with contextlib.suppress(BackendUnavailable):
+                await services.backend.release_connection(principal.user_id, connection_id)
+    except BackendUnavailable as exc:
+        logger.warning("backend unavailable at connect: %s", exc,
+                       extra={"document_id": document_id})
+        await _refuse(ws, services, CloseCode.INTERNAL_ERROR, Error(
+            code=ErrorCode.UNAVAILABLE, message="the shared backend is unavailable; reconnect "
+            "with backoff", reply_to=hello.id, retry_after_ms=1000))
 
 
 async def _run_connection(
-    ws: WebSocket, services: Services, document_id: str, hello: Hello, principal: Principal
+    ws: WebSocket, services: Services, document_id: str, hello: Hello, principal: Principal,
+    connection_id: str,
 ) -> None:
     settings, metrics = services.settings, services.metrics
     session = services.hub.get(document_id)
-    connection_id = uuid.uuid4().hex
 
     async def backfill(after: int, until: int) -> Any:
         head = await services.backend.head(document_id)
@@ -304,6 +314,11 @@ async def _dispatch(
     else:
         try:
             await session.handle(conn, message)
+        except BackendUnavailable as exc:
+            logger.warning("backend unavailable while handling %s: %s", message.type, exc,
+                           extra=conn.log_context)
+            conn.error(ErrorCode.UNAVAILABLE, "the shared backend is unavailable; retry shortly",
+                       reply_to=message.id, retry_after_ms=1000)
         except Exception:
             ref = uuid.uuid4().hex[:12]
             logger.exception("handling %s failed (ref %s)", message.type, ref,

@@ -56,11 +56,11 @@ class DocumentSession:
         self.runs = make_coordinator(self)
 
     # -- membership ------------------------------------------------------------
-    def attach(self, conn: Connection) -> None:
-        if not self._subscribed:
-            self.backend.subscribe(self.document_id, self._on_event)
-            self._subscribed = True
+    async def attach(self, conn: Connection) -> None:
         self.connections[conn.session_id] = conn
+        if not self._subscribed:
+            self._subscribed = True
+            await self.backend.subscribe(self.document_id, self._on_event)
 
     def detach(self, conn: Connection) -> None:
         self.connections.pop(conn.session_id, None)
@@ -81,7 +81,7 @@ class DocumentSession:
 
     async def join(self, conn: Connection, hello: Hello) -> Welcome:
         """Attach `conn` and queue its welcome, its replay, then live events."""
-        self.attach(conn)
+        await self.attach(conn)
         head = await self.backend.head(self.document_id)
         failure: ResumeFailure | None = None
         replay: list[LoggedEvent] = []

@@ -91,7 +91,7 @@ def test_invalid_streak() -> None:
 async def test_memory_log_numbering_and_reads() -> None:
     backend = MemoryBackend(log_max_events=3)
     seen: list[int] = []
-    backend.subscribe("d", lambda event: seen.append(event.seq))
+    await backend.subscribe("d", lambda event: seen.append(event.seq))
     for i in range(5):
         await backend.append("d", {"type": "document.changed", "n": i})
     epoch, last = await backend.head("d")

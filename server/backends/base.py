@@ -31,6 +31,10 @@ class LogHead(NamedTuple):
 EventListener = Callable[[LoggedEvent], None]
 
 
+class BackendUnavailable(Exception):
+    """The shared backend (Redis) cannot be reached; the request may be retried."""
+
+
 class Backend(Protocol):
     async def start(self) -> None: ...
 
@@ -54,7 +58,10 @@ class Backend(Protocol):
         or why the log cannot provide all of them."""
         ...
 
-    def subscribe(self, document_id: str, listener: EventListener) -> None: ...
+    async def subscribe(self, document_id: str, listener: EventListener) -> None:
+        """Deliver every later event of the document to `listener`, in seq order
+        (events appended elsewhere may arrive late; readers fill gaps from the log)."""
+        ...
 
     def unsubscribe(self, document_id: str, listener: EventListener) -> None: ...
 
@@ -74,9 +81,9 @@ class Backend(Protocol):
         ...
 
     # -- shared limits (section 6a) ----------------------------------------
-    async def acquire_connection(self, user_id: str, limit: int) -> bool: ...
+    async def acquire_connection(self, user_id: str, connection_id: str, limit: int) -> bool: ...
 
-    async def release_connection(self, user_id: str) -> None: ...
+    async def release_connection(self, user_id: str, connection_id: str) -> None: ...
 
     async def take_run_slot(self, user_id: str, per_minute: int) -> int:
         """0 when a run may start now, else milliseconds until one may."""

@@ -89,7 +89,7 @@ class MemoryBackend:
         start = after_seq + 1 - oldest
         return [log.events[i] for i in range(start, start + (last - after_seq))]
 
-    def subscribe(self, document_id: str, listener: EventListener) -> None:
+    async def subscribe(self, document_id: str, listener: EventListener) -> None:
         self._listeners[document_id].append(listener)
 
     def unsubscribe(self, document_id: str, listener: EventListener) -> None:
@@ -127,13 +127,13 @@ class MemoryBackend:
         self._claims[key] = now + ttl_s
         return True
 
-    async def acquire_connection(self, user_id: str, limit: int) -> bool:
+    async def acquire_connection(self, user_id: str, connection_id: str, limit: int) -> bool:
         if limit and self._connections[user_id] >= limit:
             return False
         self._connections[user_id] += 1
         return True
 
-    async def release_connection(self, user_id: str) -> None:
+    async def release_connection(self, user_id: str, connection_id: str) -> None:
         count = self._connections.get(user_id, 0) - 1
         if count > 0:
             self._connections[user_id] = count

@@ -1,0 +1,326 @@
+"""Redis backend (`COWRITE_REDIS_URL`): several instances, one document session.
+
+Per document (keys share a hash tag, so a cluster keeps them on one slot):
+- `cw:{doc}:meta` hash: `epoch`, `last_seq`;
+- `cw:{doc}:log` stream: one entry per event, ID `<seq>-1`, trimmed with
+  `MAXLEN ~` (which keeps at least the last N);
+- `cw:{doc}:hist` list: conversation history; `cw:{doc}:runs` hash: run records.
+One Lua script stamps seq, writes the stream entry and publishes the frame on
+`cw:live:{doc}` atomically, so pub/sub delivers in seq order; an instance that
+misses a message (a reconnect) fills the gap from the stream. Limits are
+shared: connections per user in a sorted set whose entries expire unless
+their instance renews them, run starts in a sliding-window sorted set.
+
+Every Redis failure surfaces as `BackendUnavailable`; the pub/sub reader
+reconnects by itself and re-reads what it missed.
+"""
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+import orjson
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from server.backends.base import (
+    BackendUnavailable,
+    EventListener,
+    LoggedEvent,
+    LogHead,
+    ResumeFailure,
+)
+
+logger = logging.getLogger("cowrite.redis")
+T = TypeVar("T")
+
+HISTORY_MAX_ENTRIES = 2000
+RUN_RECORD_TTL_S = 86_400
+CONNECTION_TTL_S = 90.0
+RENEW_EVERY_S = 30.0
+READ_CHUNK = 1000
+
+_INIT = """
+local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if not epoch then
+  epoch = ARGV[1]
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[1], 'epoch', epoch, 'last_seq', 0)
+end
+"""
+APPEND_LUA = _INIT + """
+local seq = redis.call('HINCRBY', KEYS[1], 'last_seq', 1)
+local frame = ARGV[2] .. ',"seq":' .. seq .. ',"ts":' .. ARGV[3] .. '}'
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], seq .. '-1', 't', ARGV[5], 'f', frame)
+redis.call('PUBLISH', ARGV[6], seq .. ' ' .. ARGV[5] .. ' ' .. frame)
+return {epoch, seq, frame}
+"""
+HEAD_LUA = _INIT + """
+return {epoch, redis.call('HGET', KEYS[1], 'last_seq')}
+"""
+RUN_SLOT_LUA = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1] - 60000)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return oldest[2] + 60000 - ARGV[1]
+end
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[1], 61000)
+return 0
+"""
+CONNECTION_LUA = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if tonumber(ARGV[3]) > 0 and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
+redis.call('PEXPIRE', KEYS[1], math.floor(ARGV[2] - ARGV[1]))
+return 1
+"""
+
+
+def _keys(document_id: str) -> tuple[str, str]:
+    return f"cw:{{{document_id}}}:meta", f"cw:{{{document_id}}}:log"
+
+
+def _channel(document_id: str) -> str:
+    return f"cw:live:{{{document_id}}}"
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class RedisBackend:
+    def __init__(self, url: str, log_max_events: int = 10_000, op_timeout_s: float = 2.0) -> None:
+        self._url = url
+        self._redis = aioredis.Redis.from_url(
+            url, decode_responses=True, socket_timeout=op_timeout_s,
+            socket_connect_timeout=op_timeout_s, health_check_interval=10,
+        )
+        self._log_max_events = log_max_events
+        self._append = self._redis.register_script(APPEND_LUA)
+        self._head = self._redis.register_script(HEAD_LUA)
+        self._run_slot = self._redis.register_script(RUN_SLOT_LUA)
+        self._connection = self._redis.register_script(CONNECTION_LUA)
+        self._listeners: dict[str, list[EventListener]] = defaultdict(list)
+        self._last_seen: dict[str, tuple[str, int]] = {}
+        self._subscribe_lock = asyncio.Lock()
+        self._pubsub: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._live_connections: dict[str, str] = {}  # connection id -> user id
+        self.reconnects = 0
+
+    # -- lifecycle ---------------------------------------------------------------
+    async def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._pubsub_loop()),
+                       asyncio.create_task(self._renew_loop())]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._pubsub is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await self._pubsub.aclose()
+        await self._redis.aclose()
+
+    async def ready(self) -> bool:
+        try:
+            return bool(await asyncio.wait_for(self._redis.ping(), 1.0))
+        except (RedisError, OSError, TimeoutError):
+            return False
+
+    async def _call(self, awaitable: Awaitable[T]) -> T:
+        try:
+            return await awaitable
+        except (RedisError, OSError) as exc:
+            raise BackendUnavailable(f"redis: {exc}") from exc
+
+    # -- the document log --------------------------------------------------------
+    async def append(self, document_id: str, event: dict[str, Any]) -> LoggedEvent:
+        body = orjson.dumps(event)[:-1].decode()
+        event_type = str(event["type"])
+        epoch, seq, frame = await self._call(self._append(
+            keys=_keys(document_id),
+            args=[uuid.uuid4().hex, body, _now_ms(), self._log_max_events, event_type,
+                  _channel(document_id)],
+        ))
+        logged = LoggedEvent(int(seq), event_type, frame)
+        self._deliver(document_id, epoch, logged)
+        return logged
+
+    async def head(self, document_id: str) -> LogHead:
+        epoch, last = await self._call(self._head(keys=_keys(document_id),
+                                                  args=[uuid.uuid4().hex]))
+        return LogHead(epoch, int(last))
+
+    async def read_after(
+        self, document_id: str, epoch: str, after_seq: int, until_seq: int | None = None
+    ) -> list[LoggedEvent] | ResumeFailure:
+        head = await self.head(document_id)
+        if epoch != head.epoch:
+            return "epoch_changed"
+        if after_seq > head.last_seq:
+            return "history_truncated"
+        last = head.last_seq if until_seq is None else min(until_seq, head.last_seq)
+        events: list[LoggedEvent] = []
+        start = after_seq + 1
+        while start <= last:
+            # decode_responses=True: ids and fields are str, which the stubs cannot know
+            entries: Any = await self._call(self._redis.xrange(
+                _keys(document_id)[1], f"{start}-0", f"{last}-1", count=READ_CHUNK))
+            if not entries:
+                break
+            for entry_id, fields in entries:
+                events.append(LoggedEvent(int(entry_id.split("-")[0]), fields["t"], fields["f"]))
+            start = events[-1].seq + 1
+        if after_seq < last and (not events or events[0].seq != after_seq + 1):
+            return "history_truncated"
+        return events
+
+    # -- live fan-out ------------------------------------------------------------
+    async def subscribe(self, document_id: str, listener: EventListener) -> None:
+        first = not self._listeners.get(document_id)
+        self._listeners[document_id].append(listener)
+        if first:
+            async with self._subscribe_lock:
+                if self._pubsub is not None:
+                    with contextlib.suppress(RedisError, OSError):
+                        await self._pubsub.subscribe(_channel(document_id))
+
+    def unsubscribe(self, document_id: str, listener: EventListener) -> None:
+        listeners = self._listeners.get(document_id)
+        if listeners and listener in listeners:
+            listeners.remove(listener)
+        if listeners is not None and not listeners:
+            del self._listeners[document_id]
+            self._last_seen.pop(document_id, None)
+            if self._pubsub is not None:
+                task = asyncio.get_running_loop().create_task(self._unsubscribe(document_id))
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _unsubscribe(self, document_id: str) -> None:
+        async with self._subscribe_lock:
+            if document_id not in self._listeners and self._pubsub is not None:
+                with contextlib.suppress(RedisError, OSError):
+                    await self._pubsub.unsubscribe(_channel(document_id))
+
+    def _deliver(self, document_id: str, epoch: str | None, event: LoggedEvent) -> None:
+        seen = self._last_seen.get(document_id)
+        if epoch is not None:
+            self._last_seen[document_id] = (epoch, max(event.seq, seen[1] if seen else 0))
+        for listener in tuple(self._listeners.get(document_id, ())):
+            listener(event)
+
+    async def _pubsub_loop(self) -> None:
+        """Receive live frames; after any reconnect, re-read what was missed."""
+        delay = 0.1
+        while True:
+            try:
+                async with self._subscribe_lock:
+                    self._pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+                    await self._pubsub.subscribe("cw:instance-alive")
+                    channels = [_channel(doc) for doc in self._listeners]
+                    if channels:
+                        await self._pubsub.subscribe(*channels)
+                await self._catch_up()
+                delay = 0.1
+                async for message in self._messages():
+                    channel: str = message["channel"]
+                    if not channel.startswith("cw:live:{"):
+                        continue
+                    document_id = channel[len("cw:live:{"):-1]
+                    seq, event_type, frame = message["data"].split(" ", 2)
+                    self._deliver(document_id, None, LoggedEvent(int(seq), event_type, frame))
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError) as exc:
+                logger.warning("redis pub/sub lost (%s); reconnecting", exc)
+            self.reconnects += 1
+            if self._pubsub is not None:
+                with contextlib.suppress(Exception):
+                    await self._pubsub.aclose()
+                self._pubsub = None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    async def _messages(self) -> AsyncIterator[dict[str, Any]]:
+        while True:
+            message = await self._pubsub.get_message(timeout=1.0)
+            if message is not None and message.get("type") == "message":
+                yield message
+
+    async def _catch_up(self) -> None:
+        """Deliver events appended while this instance was not listening."""
+        for document_id, (epoch, last) in list(self._last_seen.items()):
+            missed = await self.read_after(document_id, epoch, last)
+            if isinstance(missed, list):
+                for event in missed:
+                    self._deliver(document_id, epoch, event)
+
+    # -- history and runs --------------------------------------------------------
+    async def append_history(self, document_id: str, entries: list[dict[str, Any]]) -> None:
+        key = f"cw:{{{document_id}}}:hist"
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.rpush(key, *(orjson.dumps(entry).decode() for entry in entries))
+        pipe.ltrim(key, -HISTORY_MAX_ENTRIES, -1)
+        await self._call(pipe.execute())
+
+    async def read_history(self, document_id: str) -> list[dict[str, Any]]:
+        raw = await self._call(self._redis.lrange(f"cw:{{{document_id}}}:hist", 0, -1))
+        return [orjson.loads(item) for item in raw]
+
+    async def put_run_record(self, document_id: str, run_id: str, record: dict[str, Any]) -> None:
+        key = f"cw:{{{document_id}}}:runs"
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.hset(key, run_id, orjson.dumps(record).decode())
+        pipe.expire(key, RUN_RECORD_TTL_S)
+        await self._call(pipe.execute())
+
+    async def get_run_record(self, document_id: str, run_id: str) -> dict[str, Any] | None:
+        raw = await self._call(self._redis.hget(f"cw:{{{document_id}}}:runs", run_id))
+        return None if raw is None else dict(orjson.loads(raw))
+
+    async def claim_once(self, key: str, ttl_s: float) -> bool:
+        claimed = await self._call(self._redis.set(f"cw:once:{key}", "1", nx=True,
+                                                   px=int(ttl_s * 1000)))
+        return bool(claimed)
+
+    # -- shared limits -----------------------------------------------------------
+    async def acquire_connection(self, user_id: str, connection_id: str, limit: int) -> bool:
+        now = _now_ms()
+        granted = await self._call(self._connection(
+            keys=[f"cw:conns:{{{user_id}}}"],
+            args=[now, now + int(CONNECTION_TTL_S * 1000), limit, connection_id]))
+        if granted:
+            self._live_connections[connection_id] = user_id
+        return bool(granted)
+
+    async def release_connection(self, user_id: str, connection_id: str) -> None:
+        self._live_connections.pop(connection_id, None)
+        await self._call(self._redis.zrem(f"cw:conns:{{{user_id}}}", connection_id))
+
+    async def _renew_loop(self) -> None:
+        """Keep this instance's connection slots alive; a dead instance's expire."""
+        while True:
+            await asyncio.sleep(RENEW_EVERY_S)
+            expires = _now_ms() + int(CONNECTION_TTL_S * 1000)
+            with contextlib.suppress(RedisError, OSError):
+                pipe = self._redis.pipeline(transaction=False)
+                for connection_id, user_id in list(self._live_connections.items()):
+                    pipe.zadd(f"cw:conns:{{{user_id}}}", {connection_id: expires}, xx=True)
+                await pipe.execute()
+
+    async def take_run_slot(self, user_id: str, per_minute: int) -> int:
+        if not per_minute:
+            return 0
+        wait = await self._call(self._run_slot(
+            keys=[f"cw:runs-per-min:{{{user_id}}}"],
+            args=[_now_ms(), per_minute, uuid.uuid4().hex]))
+        return max(0, int(float(wait)))

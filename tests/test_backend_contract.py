@@ -1,0 +1,114 @@
+"""One contract, two backends: memory and Redis (a real redis-server)."""
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from server.backends.base import Backend, BackendUnavailable, LoggedEvent
+from server.backends.memory import MemoryBackend
+from server.backends.redis import RedisBackend
+from tests.redis_support import redis_process
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    if request.param == "memory":
+        yield MemoryBackend(log_max_events=50)
+        return
+    async with redis_process() as proc:
+        redis_backend = RedisBackend(proc.url, log_max_events=50)
+        await redis_backend.start()
+        try:
+            yield redis_backend
+        finally:
+            await redis_backend.close()
+
+
+async def test_append_numbers_gaplessly_and_delivers_in_order(backend: Backend) -> None:
+    seen: list[LoggedEvent] = []
+    await backend.subscribe("d", seen.append)
+    logged = [await backend.append("d", {"type": "document.changed", "n": i}) for i in range(5)]
+    assert [e.seq for e in logged] == [1, 2, 3, 4, 5]
+    assert '"seq":3' in logged[2].frame and '"ts":' in logged[2].frame and '"n":2' in logged[2].frame
+    for _ in range(100):
+        if len({e.seq for e in seen}) >= 5:
+            break
+        await asyncio.sleep(0.01)
+    assert sorted({e.seq for e in seen}) == [1, 2, 3, 4, 5]
+    head = await backend.head("d")
+    assert head.last_seq == 5 and head.epoch
+    assert (await backend.head("other")).epoch != head.epoch
+
+
+async def test_read_after_and_resume_failures(backend: Backend) -> None:
+    for i in range(120):
+        await backend.append("d", {"type": "document.changed", "n": i})
+    epoch, last = await backend.head("d")
+    tail = await backend.read_after("d", epoch, last - 10)
+    assert isinstance(tail, list) and [e.seq for e in tail] == list(range(last - 9, last + 1))
+    window = await backend.read_after("d", epoch, last - 10, last - 5)
+    assert isinstance(window, list) and [e.seq for e in window] == list(range(last - 9, last - 4))
+    assert await backend.read_after("d", epoch, last) == []
+    assert await backend.read_after("d", epoch, 1) == "history_truncated"  # kept >= 50, not 120
+    assert await backend.read_after("d", epoch, last + 1) == "history_truncated"
+    assert await backend.read_after("d", "stale-epoch", last - 1) == "epoch_changed"
+    kept = await backend.read_after("d", epoch, last - 50)
+    assert isinstance(kept, list) and len(kept) == 50  # at least COWRITE_LOG_MAX_EVENTS
+
+
+async def test_history_and_run_records(backend: Backend) -> None:
+    await backend.append_history("d", [{"role": "user", "content": "hi", "run_id": "r"}])
+    await backend.append_history("d", [{"role": "assistant", "content": "yo", "run_id": "r"}])
+    assert [m["content"] for m in await backend.read_history("d")] == ["hi", "yo"]
+    assert await backend.read_history("empty") == []
+    await backend.put_run_record("d", "r", {"status": "running"})
+    await backend.put_run_record("d", "r", {"status": "completed"})
+    assert await backend.get_run_record("d", "r") == {"status": "completed"}
+    assert await backend.get_run_record("d", "nope") is None
+
+
+async def test_claims_are_single_use(backend: Backend) -> None:
+    results = await asyncio.gather(*(backend.claim_once("call:r:c", 60) for _ in range(10)))
+    assert results.count(True) == 1
+    assert await backend.claim_once("call:r:other", 60)
+
+
+async def test_connection_and_run_limits(backend: Backend) -> None:
+    assert await backend.acquire_connection("u", "c1", 2)
+    assert await backend.acquire_connection("u", "c2", 2)
+    assert not await backend.acquire_connection("u", "c3", 2)
+    assert await backend.acquire_connection("v", "c4", 2)
+    await backend.release_connection("u", "c1")
+    assert await backend.acquire_connection("u", "c5", 2)
+    assert await backend.acquire_connection("u", "c6", 0)  # 0 disables
+    assert [await backend.take_run_slot("u", 3) for _ in range(3)] == [0, 0, 0]
+    wait = await backend.take_run_slot("u", 3)
+    assert 0 < wait <= 60_000
+    assert await backend.take_run_slot("other", 3) == 0
+    assert await backend.take_run_slot("u", 0) == 0
+
+
+async def test_redis_outage_is_a_clear_error_and_recovers() -> None:
+    async with redis_process() as proc:
+        backend = RedisBackend(proc.url, op_timeout_s=0.5)
+        await backend.start()
+        try:
+            seen: list[int] = []
+            await backend.subscribe("d", lambda e: seen.append(e.seq))
+            await backend.append("d", {"type": "document.changed"})
+            await proc.stop()
+            assert not await backend.ready()
+            with pytest.raises(BackendUnavailable):
+                await backend.append("d", {"type": "document.changed"})
+            await proc.start()  # the AOF brings back what was accepted
+            for _ in range(100):
+                if await backend.ready():
+                    break
+                await asyncio.sleep(0.05)
+            logged = await backend.append("d", {"type": "document.changed"})
+            assert logged.seq == 2  # nothing accepted before the outage was lost
+            events = await backend.read_after("d", (await backend.head("d")).epoch, 0)
+            assert isinstance(events, list) and [e.seq for e in events] == [1, 2]
+        finally:
+            await backend.close()
