@@ -35,17 +35,17 @@ class RedisProcess:
     binary: str
     port: int
     directory: str
-    process: subprocess.Popen[bytes] | None = None
+    process: asyncio.subprocess.Process | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     async def start(self) -> None:
-        self.process = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "yes", "--appendfsync", "always", "--dir", self.directory,
-             "--daemonize", "no", "--loglevel", "warning"],
+        self.process = await asyncio.create_subprocess_exec(
+            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "yes", "--appendfsync", "always", "--dir", self.directory,
+            "--daemonize", "no", "--loglevel", "warning",
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = aioredis.Redis(port=self.port)
         try:
@@ -59,15 +59,13 @@ class RedisProcess:
             await client.aclose()
 
     async def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
+        if self.process is not None and self.process.returncode is None:
             self.process.send_signal(signal.SIGTERM)
-            for _ in range(200):
-                if self.process.poll() is not None:
-                    break
-                await asyncio.sleep(0.02)
-            else:
+            try:
+                await asyncio.wait_for(self.process.wait(), 5)
+            except TimeoutError:
                 self.process.kill()
-                self.process.wait()
+                await self.process.wait()
         self.process = None
 
 

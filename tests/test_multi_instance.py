@@ -16,11 +16,12 @@ pytestmark = pytest.mark.redis
 
 
 @contextlib.asynccontextmanager
-async def cluster(count: int = 2, **env: str) -> AsyncIterator[tuple[RedisProcess, list[Proc]]]:
+async def cluster(count: int = 2, env: dict[str, str] | None = None
+                  ) -> AsyncIterator[tuple[RedisProcess, list[Proc]]]:
     async with redis_process() as redis, contextlib.AsyncExitStack() as stack:
         instances = [
             await stack.enter_async_context(server_process(
-                "cowrite", COWRITE_REDIS_URL=redis.url, COWRITE_JWT_SECRET=SECRET, **env))
+                "cowrite", COWRITE_REDIS_URL=redis.url, COWRITE_JWT_SECRET=SECRET, **(env or {})))
             for _ in range(count)
         ]
         yield redis, instances
@@ -77,7 +78,7 @@ async def test_resume_on_another_instance() -> None:
 
 async def test_connection_limit_is_shared() -> None:
     env = {"COWRITE_MAX_CONNECTIONS_PER_USER": "2"}
-    async with cluster(**env) as (_, (one, two)), join(one, client_id="x"), \
+    async with cluster(env=env) as (_, (one, two)), join(one, client_id="x"), \
             join(two, client_id="y"):
         async with ws_client(one.url("/v1/documents/doc-1/ws")) as third:
             await third.send({"type": "hello", "protocol": 1, "client_id": "z",
