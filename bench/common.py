@@ -69,7 +69,8 @@ async def server_process(kind: str, **env: str) -> AsyncIterator[Proc]:
                 raise RuntimeError(f"{kind} server did not start")
         yield proc
     finally:
-        process.terminate()
+        if process.returncode is None:
+            process.terminate()
         try:
             await asyncio.wait_for(process.wait(), 10)
         except TimeoutError:

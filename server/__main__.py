@@ -2,9 +2,8 @@
 
 import sys
 
-import uvicorn
-
 from server.app import create_app
+from server.lifecycle import DrainingServer, drain
 from server.runner import uvicorn_config
 from server.settings import Settings
 
@@ -20,7 +19,10 @@ def main() -> int:
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.Server(uvicorn_config(app, settings, log_level="info")).run()
+    services = app.state.services
+    server = DrainingServer(uvicorn_config(app, settings, log_level="info"),
+                            on_shutdown=lambda: drain(services))
+    server.run()
     return 0
 
 

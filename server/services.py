@@ -19,3 +19,4 @@ class Services:
     hub: SessionHub
     llm: LLM
     instance_id: str
+    draining: bool = False
