@@ -56,7 +56,8 @@ async def server_process(kind: str, **env: str) -> AsyncIterator[Proc]:
     module = "server" if kind == "cowrite" else "bench.bare_server"
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", module, env=environment,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stdout=subprocess.DEVNULL,
+        stderr=None if os.environ.get("BENCH_SERVER_LOGS") else subprocess.DEVNULL)
     proc = Proc(process, port)
     try:
         async with httpx.AsyncClient() as http:

@@ -20,6 +20,7 @@ from protocol.schema import build_schema
 from protocol.server import Limits
 from server.agent.coordinator import RunCoordinator
 from server.agent.factory import make_llm
+from server.agent.remote import RunRouter
 from server.auth import Authenticator, AuthError
 from server.backends.base import Backend
 from server.backends.memory import MemoryBackend
@@ -65,6 +66,7 @@ def build_services(settings: Settings) -> Services:
         hub=SessionHub(session_factory), llm=make_llm(settings),
         instance_id=uuid.uuid4().hex[:12],
     )
+    services.router = RunRouter(services)
     return services
 
 
@@ -133,11 +135,13 @@ def create_app(settings: Settings | None = None) -> Starlette:
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         await services.backend.start()
+        await services.router.start()
         try:
             yield
         finally:
             for session in list(services.hub.sessions.values()):
                 await session.runs.shutdown()
+            await services.router.stop()
             await services.llm.close()
             await services.backend.close()
 

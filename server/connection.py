@@ -5,7 +5,7 @@ which queue frames on the connection's `Outbound` writer.
 """
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from protocol.base import WireModel
 from protocol.codes import CloseCode, ErrorCode
@@ -13,6 +13,33 @@ from protocol.server import Ack, Error
 from server.auth import Principal
 from server.observability import Metrics
 from server.outbound import CloseRequest, Outbound
+
+
+class Peer(Protocol):
+    """Whoever sent a message about a run: a local `Connection`, or a
+    connection on another instance (`server.agent.remote.RemotePeer`)."""
+
+    session_id: str
+    document_id: str
+    client_id: str
+
+    @property
+    def user_id(self) -> str: ...
+
+    def reply(self, message: WireModel) -> None: ...
+
+    def error(self, code: ErrorCode, message: str, *, reply_to: str | None = None,
+              run_id: str | None = None, details: Any = None,
+              retry_after_ms: int | None = None) -> None: ...
+
+    def ack(self, reply_to: str | None, **fields: Any) -> None: ...
+
+
+def error_event(code: ErrorCode, message: str, *, reply_to: str | None = None,
+                run_id: str | None = None, details: Any = None,
+                retry_after_ms: int | None = None) -> Error:
+    return Error(code=code.value, message=message, reply_to=reply_to, run_id=run_id,
+                 details=details, retry_after_ms=retry_after_ms)
 
 
 @dataclass(eq=False)
@@ -48,12 +75,8 @@ class Connection:
         retry_after_ms: int | None = None,
     ) -> None:
         self.metrics.errors.labels(code.value).inc()
-        self.reply(
-            Error(
-                code=code.value, message=message, reply_to=reply_to, run_id=run_id,
-                details=details, retry_after_ms=retry_after_ms,
-            )
-        )
+        self.reply(error_event(code, message, reply_to=reply_to, run_id=run_id, details=details,
+                               retry_after_ms=retry_after_ms))
 
     def ack(self, reply_to: str | None, **fields: Any) -> None:
         self.reply(Ack(reply_to=reply_to, **fields))

@@ -232,7 +232,7 @@ async def _run_connection(
                         ws.close(request.code, request.reason), settings.close_timeout_s
                     )
     finally:
-        session.detach(conn)
+        await session.detach(conn)
         services.hub.release(session)
         logger.info("disconnected", extra=conn.log_context)
 

@@ -1,6 +1,7 @@
 """The objects one app instance is made of, built once and injected."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from server.agent.llm import LLM
 from server.auth import Authenticator
@@ -20,3 +21,4 @@ class Services:
     llm: LLM
     instance_id: str
     draining: bool = False
+    router: Any = field(default=None)  # server.agent.remote.RunRouter, set by build_services

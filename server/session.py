@@ -8,6 +8,7 @@ message only while some connection of the document has a send pending
 """
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 from protocol.base import PROTOCOL_VERSION
 from protocol.client import ClientMessage, EditorChange, Hello
 from protocol.server import DocumentChanged, DurableServerEvent, Limits, MessageDelta, Welcome
-from server.backends.base import Backend, LoggedEvent, ResumeFailure
+from server.backends.base import Backend, BackendUnavailable, LoggedEvent, ResumeFailure
 from server.connection import Connection
 from server.outbound import _Frame
 
@@ -35,6 +36,11 @@ class _PendingDelta:
         self.message_id = message_id
         self.parts: list[str] = []
         self.size = 0
+
+
+def _member(conn: Connection) -> str:
+    """A connection's presence entry: who executes the document's client tools."""
+    return f"{conn.user_id}|{conn.client_id}|{conn.session_id}"
 
 
 class DocumentSession:
@@ -61,10 +67,13 @@ class DocumentSession:
         if not self._subscribed:
             self._subscribed = True
             await self.backend.subscribe(self.document_id, self._on_event)
+        await self.backend.set_presence(self.document_id, _member(conn), True)
 
-    def detach(self, conn: Connection) -> None:
+    async def detach(self, conn: Connection) -> None:
         self.connections.pop(conn.session_id, None)
         self.runs.on_connection_left(conn)
+        with contextlib.suppress(BackendUnavailable):
+            await self.backend.set_presence(self.document_id, _member(conn), False)
 
     @property
     def idle(self) -> bool:
@@ -106,7 +115,7 @@ class DocumentSession:
             resumed=hello.resume is not None and failure is None,
             resume_failed=failure,
             replayed=len(replay),
-            active_run=self.runs.snapshot(conn.user_id),
+            active_run=await self.runs.snapshot(conn.user_id),
             limits=self.limits,
         )
         conn.outbound.begin(_Frame("welcome", welcome.to_json().decode()), start_seq, replay)

@@ -63,6 +63,7 @@ class Settings(BaseSettings):
     run_timeout_s: float = 600.0
     client_grace_s: float = 30.0
     server_tool_timeout_s: float = 10.0
+    run_lease_s: float = 10.0
 
     @field_validator("allowed_origins", mode="before")
     @classmethod

@@ -112,3 +112,120 @@ async def test_redis_outage_readyz_clear_errors_and_recovery() -> None:
         await a.send({"type": "editor.change", "id": "after"})
         assert await seqs(b, 2) == [2]  # the connection survived; nothing before was lost
         assert (await a.recv_until(lambda e: e.get("seq") == 2))["type"] == "document.changed"
+
+
+# -- runs owned by one instance, driven through another ------------------------------
+from tests.runs import EDITOR_TOOLS, call, of_run, script  # noqa: E402
+
+FAST_LEASE = {"COWRITE_RUN_LEASE_S": "1"}
+
+
+async def start_run(client: Client, prompt: str, run_id: str) -> None:
+    await client.send({"type": "run.start", "id": "s", "run_id": run_id, "prompt": prompt,
+                       "tools": EDITOR_TOOLS})
+    ack = await client.recv_until(lambda e: e.get("reply_to") == "s")
+    assert ack["type"] == "ack", ack
+
+
+async def test_tool_result_and_approval_answered_through_another_instance() -> None:
+    steps = script({"tool_calls": [call("read_document")]},
+                   {"tool_calls": [call("replace_document", text="new")]}, {"say": "done"})
+    async with cluster() as (_, (one, two)), join(one, client_id="tab") as (owner_tab, _), \
+            join(two, client_id="other-tab") as (elsewhere, _):
+        await start_run(owner_tab, steps, "x-1")
+        tool_call = await elsewhere.recv_until("tool.call")
+        await elsewhere.send({"type": "tool.result", "id": "r", "run_id": "x-1",
+                              "call_id": tool_call["call_id"], "token": tool_call["token"],
+                              "output": {"text": "via two"}})
+        ack = await elsewhere.recv_until(lambda e: e.get("reply_to") == "r")
+        assert ack["type"] == "ack" and ack["status"] == "accepted"
+        requested = await elsewhere.recv_until("approval.requested")
+        await elsewhere.send({"type": "approval", "id": "a", "run_id": "x-1",
+                              "call_id": requested["call_id"], "decision": "approve"})
+        assert (await elsewhere.recv_until(lambda e: e.get("reply_to") == "a"))["type"] == "ack"
+        replace = await owner_tab.recv_until(lambda e: e.get("type") == "tool.call"
+                                             and e["name"] == "replace_document")
+        await owner_tab.send({"type": "tool.result", "run_id": "x-1", "token": replace["token"],
+                              "call_id": replace["call_id"], "output": {"ok": True}})
+        finished = await elsewhere.recv_until("run.finished")
+        assert finished["status"] == "completed"
+        async with join(two, sub="bob", client_id="late") as (_, late):
+            assert late.get("active_run") is None
+
+
+async def test_editor_change_on_another_instance_aborts_the_run() -> None:
+    long_text = script({"say": "word " * 500}, chunk_chars=4, delay_ms=10)
+    async with cluster() as (_, (one, two)), join(one) as (owner_tab, _), \
+            join(two, sub="bob", client_id="b") as (bob, _):
+        await start_run(owner_tab, long_text, "x-2")
+        await bob.recv_until("message.delta")
+        async with join(two, sub="carol", client_id="c") as (_, seen):
+            assert seen["active_run"]["run_id"] == "x-2"  # the snapshot crosses instances
+        await bob.send({"type": "run.start", "id": "busy", "prompt": "mine"})
+        assert (await bob.recv_until("error"))["code"] == "document_busy"
+        await bob.send({"type": "editor.change"})
+        finished = await bob.recv_until("run.finished")
+        assert finished["status"] == "aborted" and finished["reason"] == "document_changed"
+        await owner_tab.recv_until("run.finished")
+        await asyncio.sleep(0.3)
+        after = [e for e in of_run(owner_tab.events, "x-2")
+                 if e["seq"] > finished["seq"]]
+        assert after == []
+
+
+async def test_the_same_result_sent_to_two_instances_completes_the_call_once() -> None:
+    async with cluster() as (_, (one, two)), join(one, client_id="t1") as (first, _), \
+            join(two, client_id="t2") as (second, _):
+        await start_run(first, script({"tool_calls": [call("read_document")]}), "x-3")
+        tool_call = await first.recv_until("tool.call")
+        result = {"type": "tool.result", "run_id": "x-3", "call_id": tool_call["call_id"],
+                  "token": tool_call["token"], "output": {"text": "same"}}
+        await asyncio.gather(first.send({**result, "id": "one"}),
+                             second.send({**result, "id": "two"}))
+        replies = [await first.recv_until(lambda e: e.get("reply_to") == "one"),
+                   await second.recv_until(lambda e: e.get("reply_to") == "two")]
+        assert sorted(bool(r.get("duplicate")) for r in replies) == [False, True]
+        await first.recv_until("run.finished")
+        assert len(of_run(first.events, "x-3", "tool.done")) == 1
+
+
+async def test_killed_owner_ends_its_run_server_lost_and_clients_resume() -> None:
+    async with cluster(env=FAST_LEASE) as (_, (one, two)):
+        survivor_view = await asyncio.wait_for(_survivor_scenario(one, two), 30)
+        assert survivor_view["status"] == "aborted" and survivor_view["reason"] == "server_lost"
+
+
+async def _survivor_scenario(one: Proc, two: Proc) -> dict[str, Any]:
+    async with join(two, sub="bob", client_id="watch") as (watcher, _):
+        async with join(one) as (doomed, welcome):
+            await start_run(doomed, script({"tool_calls": [call("read_document")]}), "x-4")
+            tool_call = await watcher.recv_until("tool.call")
+            one.process.kill()  # kill -9: no drain, no goodbye
+            await doomed.expect_close()
+        done = await watcher.recv_until("tool.done", timeout=10)
+        assert done["call_id"] == tool_call["call_id"] and done["status"] == "cancelled"
+        finished = await watcher.recv_until("run.finished", timeout=10)
+        # the dead instance's client resumes on the survivor and sees the end
+        resume = {"epoch": welcome["epoch"], "after_seq": welcome["last_seq"]}
+        async with join(two, resume=resume) as (again, back):
+            assert back["resumed"] is True
+            replayed = [await again.recv() for _ in range(back["replayed"])]
+            assert replayed[-1]["type"] == "run.finished"
+            assert back.get("active_run") is None
+        return finished
+
+
+async def test_same_client_supersedes_its_run_from_another_instance() -> None:
+    long_text = script({"say": "z" * 400}, chunk_chars=1, delay_ms=20)
+    async with cluster() as (_, (one, two)):
+        async with join(one, client_id="tab") as (tab, _):
+            await start_run(tab, long_text, "x-5")
+            await tab.recv_until("message.delta")
+        async with join(two, client_id="tab") as (same_tab, _):  # reconnected elsewhere
+            await start_run(same_tab, script({"say": "newer"}), "x-6")
+            old = await same_tab.recv_until(lambda e: e.get("type") == "run.finished"
+                                            and e["run_id"] == "x-5")
+            assert old["status"] == "cancelled" and old["reason"] == "superseded"
+            new = await same_tab.recv_until(lambda e: e.get("type") == "run.finished"
+                                            and e["run_id"] == "x-6")
+            assert new["status"] == "completed"

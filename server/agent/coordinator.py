@@ -8,6 +8,7 @@ tries to emit are dropped at `emit()`.
 """
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -39,7 +40,8 @@ from server.agent.state import (
     now_ms,
 )
 from server.agent.tools import BUILTIN_SERVER_TOOLS, CheckedCall, ToolBox, check_tool_schemas
-from server.connection import Connection
+from server.backends.base import BackendUnavailable
+from server.connection import Connection, Peer
 
 if TYPE_CHECKING:
     from server.services import Services
@@ -61,6 +63,7 @@ class RunCoordinator:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._grace: dict[str, asyncio.TimerHandle] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._renewals: dict[str, asyncio.Task[None]] = {}
         self._start_lock = asyncio.Lock()
         self.dispatcher = ToolDispatcher(self)
 
@@ -69,9 +72,31 @@ class RunCoordinator:
     def busy(self) -> bool:
         return self.active is not None or bool(self._tasks)
 
-    def snapshot(self, for_user: str | None = None) -> RunSnapshot | None:
+    async def snapshot(self, for_user: str | None = None) -> RunSnapshot | None:
+        """The active run, whichever instance runs it (tokens only for its user)."""
         run = self.active
-        return run.snapshot(for_user) if run is not None and not run.finishing else None
+        if run is not None and not run.finishing:
+            return run.snapshot(for_user)
+        record = await self._remote_record()
+        if record is None:
+            return None
+        fields = {k: v for k, v in record.items() if k in RunSnapshot.model_fields}
+        if for_user != record.get("user_id"):
+            fields["pending"] = [{k: v for k, v in item.items() if k != "token"}
+                                 for item in fields.get("pending", [])]
+        return RunSnapshot.model_validate(fields)
+
+    async def _remote_record(self, run_id: str | None = None) -> dict[str, Any] | None:
+        """The document's active run if another instance owns it."""
+        try:
+            record = await self.services.backend.active_run(self.session.document_id)
+        except BackendUnavailable:
+            return None
+        if record is None or record.get("owner") == self.services.instance_id:
+            return None
+        if run_id is not None and record.get("run_id") != run_id:
+            return None
+        return record
 
     def on_connection_joined(self, conn: Connection) -> None:
         if self.active is not None:
@@ -87,6 +112,18 @@ class RunCoordinator:
             started = time.perf_counter()
             await self.finish(run, Finish("aborted", "document_changed"))
             self.services.metrics.abort_latency.observe(time.perf_counter() - started)
+            return
+        record = await self._remote_record()
+        if record is not None:
+            self.services.router.post(record["owner"], {
+                "kind": "abort", "document_id": self.session.document_id,
+                "run_id": record["run_id"]})
+
+    async def abort(self, run_id: str, status: str, reason: str) -> None:
+        """End the local run `run_id` (asked by another instance)."""
+        run = self.active
+        if run is not None and run.run_id == run_id and not run.finishing:
+            await self.finish(run, Finish(status, reason))  # type: ignore[arg-type]
 
     async def shutdown(self) -> None:
         if self.active is not None:
@@ -114,18 +151,27 @@ class RunCoordinator:
         return await self.dispatcher.run_tool(run, call_id, call)
 
     # -- inbound ------------------------------------------------------------------
-    async def handle(self, conn: Connection, message: ClientMessage) -> None:
+    async def handle(self, conn: Peer, message: ClientMessage, forwarded: bool = False) -> None:
         if isinstance(message, RunStart):
-            async with self._start_lock:
-                await self._start(conn, message)
-        elif isinstance(message, ToolResult):
+            if not forwarded:
+                async with self._start_lock:
+                    await self._start(conn, message)
+            return
+        if not isinstance(message, (ToolResult, Approval, RunCancel)):
+            return
+        if self._find(message.run_id) is None and not forwarded:
+            record = await self._remote_record(message.run_id)
+            if record is not None:  # the run lives on another instance
+                await self.services.router.forward(record["owner"], conn, message)
+                return
+        if isinstance(message, ToolResult):
             await self._tool_result(conn, message)
         elif isinstance(message, Approval):
             await self._approval(conn, message)
         elif isinstance(message, RunCancel):
             await self._cancel(conn, message)
 
-    async def _lookup(self, conn: Connection, run_id: str, reply_to: str | None) -> Run | None:
+    async def _lookup(self, conn: Peer, run_id: str, reply_to: str | None) -> Run | None:
         run = self.active
         if run is not None and run.run_id == run_id and not run.finishing:
             return run
@@ -139,7 +185,7 @@ class RunCoordinator:
                        reply_to=reply_to, run_id=run_id)
         return None
 
-    async def _start(self, conn: Connection, message: RunStart) -> None:
+    async def _start(self, conn: Peer, message: RunStart) -> None:
         backend, settings = self.services.backend, self.settings
         document_id = self.session.document_id
         if message.run_id is not None:
@@ -183,6 +229,24 @@ class RunCoordinator:
             max_steps=max_steps,
             model=(options.model if options and options.model else settings.model),
         )
+        holder = await backend.claim_run(document_id, self._active_record(run),
+                                         settings.run_lease_s)
+        if holder is not None and holder.get("client_id") == conn.client_id and \
+                holder.get("user_id") == conn.user_id and \
+                holder.get("owner") != self.services.instance_id:
+            self.services.router.post(str(holder["owner"]), {
+                "kind": "supersede", "document_id": document_id, "run_id": holder["run_id"]})
+            for _ in range(60):  # the owner ends it in milliseconds; a dead one's lease lapses
+                await asyncio.sleep(0.05)
+                holder = await backend.claim_run(
+                    document_id, self._active_record(run), settings.run_lease_s)
+                if holder is None:
+                    break
+        if holder is not None:
+            conn.error(ErrorCode.DOCUMENT_BUSY,
+                       f"run {holder.get('run_id')!r} of another client is active on this "
+                       "document", reply_to=message.id, run_id=holder.get("run_id"))
+            return
         self.active = run
         await backend.put_run_record(document_id, run.run_id, self._record(run))
         history = await backend.read_history(document_id)
@@ -196,6 +260,7 @@ class RunCoordinator:
             history=history, tool_format=settings.tool_format,
         )
         self._tasks[run.run_id] = asyncio.create_task(self._drive(run, loop))
+        self._renewals[run.run_id] = asyncio.create_task(self._renew(run))
         self._timers[run.run_id] = asyncio.get_running_loop().call_later(
             settings.run_timeout_s, self._in_background,
             lambda: self.finish(run, Finish("timed_out", "run_timeout")))
@@ -227,7 +292,7 @@ class RunCoordinator:
             self._tasks.pop(run.run_id, None)
             self.services.hub.release(self.session)
 
-    async def _tool_result(self, conn: Connection, message: ToolResult) -> None:
+    async def _tool_result(self, conn: Peer, message: ToolResult) -> None:
         run = await self._lookup(conn, message.run_id, message.id)
         if run is None:
             return
@@ -260,7 +325,7 @@ class RunCoordinator:
                 return
         conn.ack(message.id, run_id=run.run_id, call_id=message.call_id, duplicate=True)
 
-    async def _approval(self, conn: Connection, message: Approval) -> None:
+    async def _approval(self, conn: Peer, message: Approval) -> None:
         run = await self._lookup(conn, message.run_id, message.id)
         if run is None:
             return
@@ -292,7 +357,7 @@ class RunCoordinator:
             pending.future.set_result(ApprovalAnswer(message.decision, arguments, message.reason))
         conn.ack(message.id, run_id=run.run_id, call_id=message.call_id, status=message.decision)
 
-    async def _cancel(self, conn: Connection, message: RunCancel) -> None:
+    async def _cancel(self, conn: Peer, message: RunCancel) -> None:
         run = await self._lookup(conn, message.run_id, message.id)
         if run is None:
             return
@@ -317,6 +382,9 @@ class RunCoordinator:
         task = self._tasks.get(run.run_id)
         if task is not None and task is not asyncio.current_task():
             task.cancel()
+        renewal = self._renewals.pop(run.run_id, None)
+        if renewal is not None and renewal is not asyncio.current_task():
+            renewal.cancel()
         if self.active is run:
             self.active = None
         self.finished[run.run_id] = run
@@ -339,9 +407,40 @@ class RunCoordinator:
             steps=run.step, usage=run.usage or None))
         self.services.metrics.runs.labels(outcome.status).inc()
         await self.services.backend.put_run_record(run.document_id, run.run_id, self._record(run))
+        with contextlib.suppress(BackendUnavailable):
+            await self.services.backend.release_run(run.document_id, run.run_id)
 
     def _record(self, run: Run) -> dict[str, Any]:
         return {"status": run.status, "user_id": run.user_id, "client_id": run.client_id}
+
+    def _active_record(self, run: Run) -> dict[str, Any]:
+        """What other instances know of a live run: its snapshot and its owner."""
+        return {**run.snapshot(run.user_id).to_wire(), "owner": self.services.instance_id}
+
+    async def _renew(self, run: Run) -> None:
+        """Hold the run's lease while it lives; losing it means a survivor ended it."""
+        interval = self.settings.run_lease_s / 3
+        while not run.finishing:
+            await asyncio.sleep(interval)
+            if not await self._refresh_lease(run):
+                return
+
+    async def _refresh_lease(self, run: Run) -> bool:
+        try:
+            held = await self.services.backend.renew_run(
+                run.document_id, self._active_record(run), self.settings.run_lease_s)
+        except BackendUnavailable:
+            return True  # keep trying; the lease still runs
+        if not held and not run.finishing:
+            logger.warning("run lost its lease; another instance ended it",
+                           extra={"run_id": run.run_id, "document_id": run.document_id})
+            run.finishing = True  # its run.finished was logged by the survivor
+            task = self._tasks.get(run.run_id)
+            if task is not None:
+                task.cancel()
+            if self.active is run:
+                self.active = None
+        return held
 
     # -- timers -------------------------------------------------------------------
     def update_grace(self, run: Run) -> None:
@@ -358,9 +457,38 @@ class RunCoordinator:
         elif armed is None:
             self._grace[run.run_id] = asyncio.get_running_loop().call_later(
                 self.settings.client_grace_s, self._in_background,
-                lambda: self.finish(run, Finish("aborted", "client_gone")))
+                lambda: self._grace_expired(run))
+        if not run.finishing and not run.waiting_on_executor():
+            self._in_background(lambda: self._refresh_lease(run))  # fresh snapshot for others
+
+    async def share_state(self, run: Run) -> None:
+        """Write the run's snapshot to the shared record now (before announcing a call)."""
+        if not run.finishing:
+            await self._refresh_lease(run)
+
+    async def _grace_expired(self, run: Run) -> None:
+        self._grace.pop(run.run_id, None)
+        if run.finishing or not run.waiting_on_executor():
+            return
+        try:
+            elsewhere = await self.services.backend.is_present(
+                run.document_id, run.user_id, run.client_id)
+        except BackendUnavailable:
+            elsewhere = True  # do not end a run because the backend blinked
+        if elsewhere:
+            self._grace[run.run_id] = asyncio.get_running_loop().call_later(
+                self.settings.client_grace_s, self._in_background,
+                lambda: self._grace_expired(run))
+            return
+        await self.finish(run, Finish("aborted", "client_gone"))
 
     def _in_background(self, make: Any) -> None:
         task = asyncio.get_running_loop().create_task(make())
         self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: "asyncio.Task[Any]") -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("background run task failed", exc_info=task.exception(),
+                         extra={"document_id": self.session.document_id})

@@ -43,11 +43,16 @@ class ToolDispatcher:
             return await self._server_call(run, call_id, call.name, arguments)
         return await self._client_call(run, call_id, call.name, arguments)
 
-    async def _wait(self, run: Run, pending: PendingCall, timeout_s: float) -> Any:
-        """Wait for the answer; None on timeout. The pending entry is removed either way."""
+    async def _open(self, run: Run, pending: PendingCall) -> None:
+        """Register the call before announcing it, so every snapshot (and the
+        shared run record a survivor reads if this instance dies) lists it."""
         run.pending[pending.call_id] = pending
         run.status = "waiting_approval" if pending.kind == "approval" else "waiting_tool"
         self.coordinator.update_grace(run)
+        await self.coordinator.share_state(run)
+
+    async def _wait(self, run: Run, pending: PendingCall, timeout_s: float) -> Any:
+        """Wait for the answer; None on timeout. The pending entry is removed either way."""
         try:
             return await asyncio.wait_for(asyncio.shield(pending.future), timeout_s)
         except TimeoutError:
@@ -65,6 +70,7 @@ class ToolDispatcher:
             call_id, call.name, call.arguments, "approval", call.executor, expires_at,
             asyncio.get_running_loop().create_future(),
         )
+        await self._open(run, pending)
         await self.coordinator.emit(run, ApprovalRequested(
             run_id=run.run_id, call_id=call_id, name=call.name, arguments=call.arguments,
             expires_at=expires_at))
@@ -93,6 +99,7 @@ class ToolDispatcher:
             call_id, name, arguments, "tool", "client", expires_at,
             asyncio.get_running_loop().create_future(), token=token,
         )
+        await self._open(run, pending)
         await self.coordinator.emit(run, ToolCall(
             run_id=run.run_id, call_id=call_id, name=name, arguments=arguments,
             executor="client", client_id=run.client_id, token=token, expires_at=expires_at))

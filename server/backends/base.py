@@ -7,7 +7,7 @@ event in the document log and hands it to every local listener of that
 document, in seq order.
 """
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol
 
@@ -88,3 +88,33 @@ class Backend(Protocol):
     async def take_run_slot(self, user_id: str, per_minute: int) -> int:
         """0 when a run may start now, else milliseconds until one may."""
         ...
+
+    # -- run ownership across instances ---------------------------------------
+    async def claim_run(self, document_id: str, record: dict[str, Any], lease_s: float
+                        ) -> dict[str, Any] | None:
+        """Make `record` the document's active run; on conflict return the active one."""
+        ...
+
+    async def renew_run(self, document_id: str, record: dict[str, Any], lease_s: float) -> bool:
+        """Refresh the lease and snapshot of the owner's run; False if it is not active."""
+        ...
+
+    async def release_run(self, document_id: str, run_id: str) -> None: ...
+
+    async def active_run(self, document_id: str) -> dict[str, Any] | None: ...
+
+    async def expired_runs(self) -> list[tuple[str, dict[str, Any]]]:
+        """Active runs whose owner stopped renewing, each handed to one caller only."""
+        ...
+
+    async def send(self, instance_id: str, message: dict[str, Any]) -> None:
+        """Durably queue `message` for an instance (its inbox)."""
+        ...
+
+    def inbox(self, instance_id: str) -> AsyncIterator[dict[str, Any]]: ...
+
+    async def set_presence(self, document_id: str, member: str, present: bool) -> None:
+        """`member` is "user|client|connection"; presence outlives no instance."""
+        ...
+
+    async def is_present(self, document_id: str, user_id: str, client_id: str) -> bool: ...

@@ -6,9 +6,11 @@ gap. The epoch is drawn per document log when it is created, so a restarted
 process tells resuming clients `epoch_changed`.
 """
 
+import asyncio
 import time
 import uuid
 from collections import defaultdict, deque
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -42,6 +44,9 @@ class MemoryBackend:
         self._claims: dict[str, float] = {}
         self._connections: dict[str, int] = defaultdict(int)
         self._run_starts: dict[str, deque[float]] = defaultdict(deque)
+        self._active: dict[str, dict[str, Any]] = {}
+        self._presence: dict[str, set[str]] = defaultdict(set)
+        self._inboxes: dict[str, asyncio.Queue[dict[str, Any]]] = defaultdict(asyncio.Queue)
 
     async def start(self) -> None:
         return None
@@ -151,3 +156,48 @@ class MemoryBackend:
             return max(1, int((starts[0] + 60.0 - now) * 1000))
         starts.append(now)
         return 0
+
+    # One process: the active run is always this process's own, nothing expires.
+    async def claim_run(self, document_id: str, record: dict[str, Any], lease_s: float
+                        ) -> dict[str, Any] | None:
+        active = self._active.get(document_id)
+        if active is not None:
+            return active
+        self._active[document_id] = record
+        return None
+
+    async def renew_run(self, document_id: str, record: dict[str, Any], lease_s: float) -> bool:
+        active = self._active.get(document_id)
+        if active is None or active["run_id"] != record["run_id"]:
+            return False
+        self._active[document_id] = record
+        return True
+
+    async def release_run(self, document_id: str, run_id: str) -> None:
+        active = self._active.get(document_id)
+        if active is not None and active["run_id"] == run_id:
+            del self._active[document_id]
+
+    async def active_run(self, document_id: str) -> dict[str, Any] | None:
+        return self._active.get(document_id)
+
+    async def expired_runs(self) -> list[tuple[str, dict[str, Any]]]:
+        return []
+
+    async def send(self, instance_id: str, message: dict[str, Any]) -> None:
+        self._inboxes[instance_id].put_nowait(message)
+
+    async def inbox(self, instance_id: str) -> AsyncIterator[dict[str, Any]]:
+        queue = self._inboxes[instance_id]
+        while True:
+            yield await queue.get()
+
+    async def set_presence(self, document_id: str, member: str, present: bool) -> None:
+        if present:
+            self._presence[document_id].add(member)
+        else:
+            self._presence[document_id].discard(member)
+
+    async def is_present(self, document_id: str, user_id: str, client_id: str) -> bool:
+        prefix = f"{user_id}|{client_id}|"
+        return any(m.startswith(prefix) for m in self._presence.get(document_id, ()))

@@ -83,6 +83,57 @@ redis.call('PEXPIRE', KEYS[1], math.floor(ARGV[2] - ARGV[1]))
 return 1
 """
 
+# Active runs: the record in cw:{doc}:active (no TTL, so a dead owner's run can
+# still be announced), the lease in the sorted set cw:leases (score: ms).
+CLAIM_RUN_LUA = """
+local active = redis.call('GET', KEYS[1])
+if active then return active end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+return false
+"""
+RENEW_RUN_LUA = """
+local active = redis.call('GET', KEYS[1])
+if not active or cjson.decode(active)['run_id'] ~= ARGV[4] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+return 1
+"""
+RELEASE_RUN_LUA = """
+local active = redis.call('GET', KEYS[1])
+if active and cjson.decode(active)['run_id'] == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[2], ARGV[2])
+end
+return 0
+"""
+EXPIRED_RUNS_LUA = """
+local docs = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 20)
+local out = {}
+for _, doc in ipairs(docs) do
+  redis.call('ZREM', KEYS[1], doc)
+  local key = 'cw:{' .. doc .. '}:active'
+  local active = redis.call('GET', key)
+  if active then
+    redis.call('DEL', key)
+    table.insert(out, doc)
+    table.insert(out, active)
+  end
+end
+return out
+"""
+PRESENT_LUA = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+local members = redis.call('ZRANGE', KEYS[1], 0, -1)
+for _, member in ipairs(members) do
+  if string.sub(member, 1, string.len(ARGV[2])) == ARGV[2] then return 1 end
+end
+return 0
+"""
+LEASES_KEY = "cw:leases"
+INBOX_MAXLEN = 10_000
+INBOX_TTL_S = 3600
+
 
 def _keys(document_id: str) -> tuple[str, str]:
     return f"cw:{{{document_id}}}:meta", f"cw:{{{document_id}}}:log"
@@ -108,6 +159,12 @@ class RedisBackend:
         self._head = self._redis.register_script(HEAD_LUA)
         self._run_slot = self._redis.register_script(RUN_SLOT_LUA)
         self._connection = self._redis.register_script(CONNECTION_LUA)
+        self._claim_run = self._redis.register_script(CLAIM_RUN_LUA)
+        self._renew_run = self._redis.register_script(RENEW_RUN_LUA)
+        self._release_run = self._redis.register_script(RELEASE_RUN_LUA)
+        self._expired_runs = self._redis.register_script(EXPIRED_RUNS_LUA)
+        self._present = self._redis.register_script(PRESENT_LUA)
+        self._presence: dict[str, str] = {}  # member -> document id
         self._listeners: dict[str, list[EventListener]] = defaultdict(list)
         self._last_seen: dict[str, tuple[str, int]] = {}
         self._subscribe_lock = asyncio.Lock()
@@ -315,6 +372,8 @@ class RedisBackend:
                 pipe = self._redis.pipeline(transaction=False)
                 for connection_id, user_id in list(self._live_connections.items()):
                     pipe.zadd(f"cw:conns:{{{user_id}}}", {connection_id: expires}, xx=True)
+                for member, document_id in list(self._presence.items()):
+                    pipe.zadd(f"cw:{{{document_id}}}:present", {member: expires}, xx=True)
                 await pipe.execute()
 
     async def take_run_slot(self, user_id: str, per_minute: int) -> int:
@@ -324,3 +383,73 @@ class RedisBackend:
             keys=[f"cw:runs-per-min:{{{user_id}}}"],
             args=[_now_ms(), per_minute, uuid.uuid4().hex]))
         return max(0, int(float(wait)))
+
+    # -- run ownership across instances ---------------------------------------
+    async def claim_run(self, document_id: str, record: dict[str, Any], lease_s: float
+                        ) -> dict[str, Any] | None:
+        active = await self._call(self._claim_run(
+            keys=[f"cw:{{{document_id}}}:active", LEASES_KEY],
+            args=[orjson.dumps(record).decode(), _now_ms() + int(lease_s * 1000), document_id]))
+        return None if not active else dict(orjson.loads(active))
+
+    async def renew_run(self, document_id: str, record: dict[str, Any], lease_s: float) -> bool:
+        renewed = await self._call(self._renew_run(
+            keys=[f"cw:{{{document_id}}}:active", LEASES_KEY],
+            args=[orjson.dumps(record).decode(), _now_ms() + int(lease_s * 1000), document_id,
+                  record["run_id"]]))
+        return bool(renewed)
+
+    async def release_run(self, document_id: str, run_id: str) -> None:
+        await self._call(self._release_run(
+            keys=[f"cw:{{{document_id}}}:active", LEASES_KEY], args=[run_id, document_id]))
+
+    async def active_run(self, document_id: str) -> dict[str, Any] | None:
+        raw = await self._call(self._redis.get(f"cw:{{{document_id}}}:active"))
+        return None if raw is None else dict(orjson.loads(raw))
+
+    async def expired_runs(self) -> list[tuple[str, dict[str, Any]]]:
+        flat = await self._call(self._expired_runs(keys=[LEASES_KEY], args=[_now_ms()]))
+        return [(flat[i], dict(orjson.loads(flat[i + 1]))) for i in range(0, len(flat), 2)]
+
+    async def send(self, instance_id: str, message: dict[str, Any]) -> None:
+        key = f"cw:inbox:{instance_id}"
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.xadd(key, {"m": orjson.dumps(message).decode()}, maxlen=INBOX_MAXLEN,
+                  approximate=True)
+        pipe.expire(key, INBOX_TTL_S)
+        await self._call(pipe.execute())
+
+    async def inbox(self, instance_id: str) -> AsyncIterator[dict[str, Any]]:
+        """Messages for this instance, in order; survives Redis reconnects."""
+        key, last_id = f"cw:inbox:{instance_id}", "0-0"
+        reader = aioredis.Redis.from_url(self._url, decode_responses=True,
+                                         socket_connect_timeout=2.0)
+        try:
+            while True:
+                try:
+                    batches: Any = await reader.xread({key: last_id}, block=1000, count=100)
+                except (RedisError, OSError) as exc:
+                    logger.warning("inbox read failed (%s); retrying", exc)
+                    await asyncio.sleep(0.5)
+                    continue
+                for _stream, entries in batches or ():
+                    for entry_id, fields in entries:
+                        last_id = entry_id
+                        yield dict(orjson.loads(fields["m"]))
+        finally:
+            await reader.aclose()
+
+    async def set_presence(self, document_id: str, member: str, present: bool) -> None:
+        key = f"cw:{{{document_id}}}:present"
+        if present:
+            self._presence[member] = document_id
+            expires = _now_ms() + int(CONNECTION_TTL_S * 1000)
+            await self._call(self._redis.zadd(key, {member: expires}))
+        else:
+            self._presence.pop(member, None)
+            await self._call(self._redis.zrem(key, member))
+
+    async def is_present(self, document_id: str, user_id: str, client_id: str) -> bool:
+        found = await self._call(self._present(
+            keys=[f"cw:{{{document_id}}}:present"], args=[_now_ms(), f"{user_id}|{client_id}|"]))
+        return bool(found)
