@@ -113,3 +113,32 @@ def script_prompt(text: str, chunk_chars: int, delay_ms: float = 0,
 
 READ_TOOL = {"name": "read_document", "description": "Read the document.",
              "parameters": {"type": "object", "properties": {}}}
+
+
+@contextlib.asynccontextmanager
+async def redis_server() -> AsyncIterator[str]:
+    """A throwaway redis-server on a free port (no persistence); yields its URL."""
+    import shutil
+    import tempfile
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="cowrite-bench-redis-") as directory:
+        process = await asyncio.create_subprocess_exec(
+            binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", directory,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(200):
+                try:
+                    _, writer = await asyncio.open_connection("127.0.0.1", port)
+                    writer.close()
+                    break
+                except OSError:
+                    await asyncio.sleep(0.02)
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            process.terminate()
+            await process.wait()

@@ -8,13 +8,13 @@ import resource
 import time
 from pathlib import Path
 
-from bench import runs, transport
+from bench import runs, scale, transport
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
 
-def table(t: dict[str, float], r: dict[str, float], concurrent: int) -> str:
+def table(t: dict[str, float], r: dict[str, float], s: dict[str, float], concurrent: int) -> str:
     rows = [
         ("events/s delivered to one connection", f"{t['cowrite_events_per_s']:,.0f}",
          f"{t['bare_events_per_s']:,.0f}",
@@ -34,8 +34,20 @@ def table(t: dict[str, float], r: dict[str, float], concurrent: int) -> str:
          f"{r['tool_rtt_p99_ms']:.2f} ms", f"{r['pingpong_p50_ms']:.2f} / "
          f"{r['pingpong_p99_ms']:.2f} ms", f"{r['tool_rtt_ratio_p50']:.2f}x", "p50 <= 2x"),
     ]
-    lines = ["| measure | cowrite | bare Starlette | ratio | goal |", "|---|---|---|---|---|"]
+    lines = ["| measure | cowrite | baseline | ratio | goal |", "|---|---|---|---|---|"]
     lines += [f"| {' | '.join(row)} |" for row in rows]
+    lines += [
+        f"| delta delivery across instances, added p50 / p99 | {s['cross_p50_ms']:.2f} / "
+        f"{s['cross_p99_ms']:.2f} ms | {s['same_p50_ms']:.2f} / {s['same_p99_ms']:.2f} ms "
+        "(same instance) | | < 1 ms added at p50 |",
+        f"| deltas/s to one connection, Redis backend | {s['redis_deltas_per_s']:,.0f} "
+        f"({s['redis_events']:,.0f} events) | {s['memory_deltas_per_s']:,.0f} "
+        f"({s['memory_events']:,.0f} events, memory) | "
+        f"{s['redis_deltas_per_s'] / s['memory_deltas_per_s']:.2f}x | |",
+        f"| server CPU per delta, Redis backend | {s['redis_cpu_us_per_delta']:.1f} us | "
+        f"{s['memory_cpu_us_per_delta']:.1f} us (memory) | "
+        f"{s['redis_cpu_us_per_delta'] / s['memory_cpu_us_per_delta']:.2f}x | |",
+    ]
     lines.append("")
     lines.append(
         f"Measured {time.strftime('%Y-%m-%d')} with `make bench` on {platform.machine()}, "
@@ -43,7 +55,9 @@ def table(t: dict[str, float], r: dict[str, float], concurrent: int) -> str:
         f"{t['deltas_produced']:,.0f} deltas were produced and "
         f"{t['events_delivered']:,.0f} events delivered (average frame "
         f"{t['cowrite_avg_frame_bytes']:.0f} B; deltas merge while the reader is backed up); "
-        f"the bare endpoint sent the same number of frames of the same size.")
+        f"the bare endpoint sent the same number of frames of the same size. Baselines: the "
+        f"bare Starlette app (first rows), a bare WebSocket echo (tool round trip), two "
+        f"clients of one instance (cross-instance row), the memory backend (Redis rows).")
     return "\n".join(lines)
 
 
@@ -59,7 +73,8 @@ async def main_async(quick: bool, write: bool) -> None:
     t = await transport.measure(deltas=3000 if quick else 20_000,
                                 connections=200 if quick else 1000)
     r = await runs.measure(concurrent=concurrent, calls=50 if quick else 300)
-    text = table(t, r, concurrent)
+    s = await scale.measure(deltas=300 if quick else 2000)
+    text = table(t, r, s, concurrent)
     print(text)
     if write:
         rewrite_readme(text)

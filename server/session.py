@@ -164,8 +164,20 @@ class DocumentSession:
             return await self.backend.append(self.document_id, event.to_wire())
 
     async def publish_delta(self, run_id: str, message_id: str, delta: str) -> None:
-        """The hot path: no model object per delta, and merging while backed up."""
+        """The hot path: no model object per delta; merging while a connection is
+        backed up, or (remote backend) while the previous append is in flight."""
         if self._hold_delta(run_id, message_id, delta):
+            return
+        if self.backend.remote:
+            pending = self._pending
+            if pending is not None and (pending.message_id, pending.run_id) != (message_id, run_id):
+                await self.flush()
+                pending = None
+            if pending is None:
+                pending = self._pending = _PendingDelta(run_id, message_id)
+            pending.parts.append(delta)
+            pending.size += len(delta)
+            self._schedule_flush()
             return
         async with self._publish_lock:
             await self._flush_locked()
@@ -191,12 +203,23 @@ class DocumentSession:
         async with self._publish_lock:
             await self._flush_locked()
 
+    async def _flush_until_empty(self) -> None:
+        while self._pending is not None and not (
+            self._backlogged() and self._pending.size < COALESCE_MAX_CHARS
+        ):
+            await self.flush()
+
     async def _flush_locked(self) -> None:
         pending, self._pending = self._pending, None
         if pending is not None and pending.parts:
-            await self.backend.append(self.document_id, {
-                "type": "message.delta", "run_id": pending.run_id,
-                "message_id": pending.message_id, "delta": "".join(pending.parts)})
+            try:
+                await self.backend.append(self.document_id, {
+                    "type": "message.delta", "run_id": pending.run_id,
+                    "message_id": pending.message_id, "delta": "".join(pending.parts)})
+            except BaseException:
+                if self._pending is None:  # keep the text for the next attempt
+                    self._pending = pending
+                raise
 
     def on_writer_idle(self) -> None:
         if self._pending is not None and not self._backlogged():
@@ -205,7 +228,7 @@ class DocumentSession:
     def _schedule_flush(self) -> None:
         if self._flush_tasks:
             return
-        task = asyncio.get_running_loop().create_task(self.flush())
+        task = asyncio.get_running_loop().create_task(self._flush_until_empty())
         self._flush_tasks.add(task)
         task.add_done_callback(self._flush_done)
 
@@ -216,6 +239,8 @@ class DocumentSession:
                 "flushing coalesced deltas failed", exc_info=task.exception(),
                 extra={"document_id": self.document_id},
             )
+        elif self._pending is not None and not self._backlogged():
+            self._schedule_flush()  # a delta arrived as the flusher was finishing
 
 
 class SessionHub:

@@ -36,6 +36,10 @@ class BackendUnavailable(Exception):
 
 
 class Backend(Protocol):
+    # True when an append costs a network round trip (Redis): the session then
+    # lets the agent go on and merges deltas that arrive during an append.
+    remote: bool
+
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...

@@ -35,6 +35,8 @@ def now_ms() -> int:
 
 
 class MemoryBackend:
+    remote = False
+
     def __init__(self, log_max_events: int = 10_000) -> None:
         self._log_max_events = log_max_events
         self._logs: dict[str, _DocumentLog] = {}

@@ -148,6 +148,8 @@ def _now_ms() -> int:
 
 
 class RedisBackend:
+    remote = True
+
     def __init__(self, url: str, log_max_events: int = 10_000, op_timeout_s: float = 2.0) -> None:
         self._url = url
         self._redis = aioredis.Redis.from_url(
