@@ -47,13 +47,15 @@ class Proc:
 
 @contextlib.asynccontextmanager
 async def server_process(kind: str, **env: str) -> AsyncIterator[Proc]:
-    """`kind` is "cowrite" (python -m server) or "bare" (bench.bare_server)."""
+    """`kind` is "cowrite" (python -m server), "bare" (bench.bare_server) or
+    "sse" (bench.sse_server)."""
     port = free_port()
     environment = {**os.environ, "COWRITE_PORT": str(port), "COWRITE_JWT_SECRET": BENCH_SECRET,
                    "COWRITE_LOG_LEVEL": "warning", "COWRITE_RATE_MESSAGES_PER_S": "0",
                    "COWRITE_RATE_RUNS_PER_MIN": "0", "COWRITE_MAX_CONNECTIONS_PER_USER": "0",
+                   "COWRITE_MAX_STEPS": "100000",
                    **env}
-    module = "server" if kind == "cowrite" else "bench.bare_server"
+    module = {"cowrite": "server", "bare": "bench.bare_server", "sse": "bench.sse_server"}[kind]
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", module, env=environment,
         stdout=subprocess.DEVNULL,

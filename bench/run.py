@@ -8,7 +8,7 @@ import resource
 import time
 from pathlib import Path
 
-from bench import runs, scale, transport
+from bench import runs, scale, scenarios, transport
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
@@ -33,6 +33,10 @@ def table(t: dict[str, float], r: dict[str, float], s: dict[str, float], concurr
         ("tool round trip p50 / p99 (vs ping-pong)", f"{r['tool_rtt_p50_ms']:.2f} / "
          f"{r['tool_rtt_p99_ms']:.2f} ms", f"{r['pingpong_p50_ms']:.2f} / "
          f"{r['pingpong_p99_ms']:.2f} ms", f"{r['tool_rtt_ratio_p50']:.2f}x", "p50 <= 2x"),
+        ("tool round trip p50 / p99 (vs SSE + POST)", f"{r['tool_rtt_p50_ms']:.2f} / "
+         f"{r['tool_rtt_p99_ms']:.2f} ms", f"{r['sse_rtt_p50_ms']:.2f} / "
+         f"{r['sse_rtt_p99_ms']:.2f} ms", f"{r['sse_speedup_p50']:.2f}x faster",
+         ">= 4x faster"),
     ]
     lines = ["| measure | cowrite | baseline | ratio | goal |", "|---|---|---|---|---|"]
     lines += [f"| {' | '.join(row)} |" for row in rows]
@@ -75,6 +79,9 @@ async def main_async(quick: bool, write: bool) -> None:
     r = await runs.measure(concurrent=concurrent, calls=50 if quick else 300)
     s = await scale.measure(deltas=300 if quick else 2000)
     text = table(t, r, s, concurrent)
+    loads = await scenarios.run_all(quick)
+    text += ("\n\nLoad scenarios (`python -m bench.load`; JSON and Markdown reports in "
+             "bench/results/):\n\n" + scenarios.table(loads, t["bare_cpu_us_per_event"]))
     print(text)
     if write:
         rewrite_readme(text)

@@ -79,6 +79,29 @@ async def ping_pongs(proc: Proc, count: int) -> list[float]:
         return trips
 
 
+async def sse_post_round_trips(proc: Proc, calls: int) -> list[float]:
+    """POST a result -> the next tool call arrives on the SSE stream."""
+    import httpx
+
+    trips: list[float] = []
+    async with httpx.AsyncClient(base_url=proc.url("", "http"), timeout=30) as http, \
+            http.stream("GET", "/events", params={"session": "s"}) as stream:
+        lines = stream.aiter_lines()
+        sent_at = None
+        async for line in lines:
+            if not line.startswith("data: "):
+                continue
+            now = time.perf_counter()
+            call = orjson.loads(line[6:])["call"]
+            if sent_at is not None:
+                trips.append((now - sent_at) * 1000)
+            if call >= calls:
+                return trips
+            sent_at = time.perf_counter()
+            await http.post("/result", content=orjson.dumps({"session": "s", "call": call}))
+    return trips
+
+
 async def measure(concurrent: int = 200, calls: int = 300) -> dict[str, float]:
     async with server_process("cowrite") as cowrite:
         single = await abort_latency(cowrite, 1, 40)
@@ -86,6 +109,8 @@ async def measure(concurrent: int = 200, calls: int = 300) -> dict[str, float]:
         tools = await tool_round_trips(cowrite, calls)
     async with server_process("bare") as bare:
         pongs = await ping_pongs(bare, calls)
+    async with server_process("sse") as sse:
+        sse_trips = await sse_post_round_trips(sse, calls)
     return {
         "abort_1_p50_ms": percentile(single, 50), "abort_1_p99_ms": percentile(single, 99),
         f"abort_{concurrent}_p50_ms": percentile(many, 50),
@@ -93,4 +118,6 @@ async def measure(concurrent: int = 200, calls: int = 300) -> dict[str, float]:
         "tool_rtt_p50_ms": percentile(tools, 50), "tool_rtt_p99_ms": percentile(tools, 99),
         "pingpong_p50_ms": percentile(pongs, 50), "pingpong_p99_ms": percentile(pongs, 99),
         "tool_rtt_ratio_p50": percentile(tools, 50) / percentile(pongs, 50),
+        "sse_rtt_p50_ms": percentile(sse_trips, 50), "sse_rtt_p99_ms": percentile(sse_trips, 99),
+        "sse_speedup_p50": percentile(sse_trips, 50) / percentile(tools, 50),
     }

@@ -54,6 +54,7 @@ class AgentLoop:
         self.json_mode = tool_format == "json" and run.mode == "agent"
         self.messages = model_messages(system_prompt, history, run)
         self.tools = run.tools.openai_tools() if run.mode == "agent" else []
+        self.client_tools = list(run.tools.client.values())
         if self.json_mode:
             self.messages[0]["content"] += json_format.instructions(self.tools)
 
@@ -95,11 +96,11 @@ class AgentLoop:
 
     async def _model_call(self) -> tuple[str, list[ToolCallRequest]]:
         run = self.run
+        # No copies: the model reads these during the call and keeps nothing.
         request = ModelRequest(
-            messages=list(self.messages), tools=[] if self.json_mode else self.tools,
+            messages=self.messages, tools=[] if self.json_mode else self.tools,
             model=run.model, run_id=run.run_id, step=run.step, prompt=run.prompt,
-            context=run.context, client_tools=list(run.tools.client.values()),
-            tool_results=list(run.tool_results),
+            context=run.context, client_tools=self.client_tools, tool_results=run.tool_results,
         )
         run.message_id = f"{run.run_id}:m{run.step + 1}"
         run.message_parts = []

@@ -1,0 +1,54 @@
+"""The standard load scenarios `make bench` runs (issue "load-testing scripts")."""
+
+from typing import Any
+
+from bench.load import Scenario, local_servers, run_scenario, save
+
+
+def standard(quick: bool) -> list[tuple[Scenario, bool]]:
+    """(scenario, on two Redis-backed instances?)"""
+    scale = 10 if quick else 1
+    return [
+        (Scenario(name="runs-1000", docs=1000 // scale, deltas=200, tools=3, delay_ms=20,
+                  ramp_s=2.0, run_timeout_s=120), False),
+        (Scenario(name="fanout-100", docs=1, collaborators=100 // scale, deltas=200, tools=3,
+                  approvals=1, delay_ms=10), False),
+        (Scenario(name="idle-10000", docs=1000 // scale, collaborators=10, idle=True,
+                  ramp_s=5.0 / scale), False),
+        (Scenario(name="abort-200", docs=200 // scale, deltas=200, tools=3, delay_ms=10,
+                  edit_rate=0.2, ramp_s=1.0), False),
+        (Scenario(name="redis-2-instances", docs=200 // scale, collaborators=2, deltas=200,
+                  tools=3, delay_ms=10, edit_rate=0.1, drop_rate=0.1, ramp_s=1.0), True),
+    ]
+
+
+async def run_all(quick: bool) -> list[dict[str, Any]]:
+    reports = []
+    for scenario, redis in standard(quick):
+        async with local_servers(redis) as procs:
+            report = await run_scenario(scenario, [p.url("") for p in procs], procs)
+        save(report)
+        reports.append(report)
+    return reports
+
+
+def table(reports: list[dict[str, Any]], bare_cpu_us: float) -> str:
+    lines = ["| scenario | connections | runs/s | events/s | first delta p99 | abort p99 | "
+             f"CPU/event (bare: {bare_cpu_us:.1f} us) | lost / duplicated | verification |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in reports:
+        errors = r["verification_errors"]
+        lost_dup = errors.get("seq_gap", 0) + errors.get("duplicate_event", 0)
+        first = r["first_delta_ms"].get("p99")
+        abort = r["abort_ms"].get("p99")
+        cpu = r.get("server_cpu_us_per_event")
+        extra = ""
+        if "idle_kib_per_connection" in r:
+            extra = f" ({r['idle_kib_per_connection']:.1f} KiB per idle connection)"
+        lines.append(
+            f"| {r['scenario']['name']}{extra} | {r['connections']:,} | {r['runs_per_s']:.1f} | "
+            f"{r['events_per_s']:,.0f} | {'' if first is None else f'{first:.1f} ms'} | "
+            f"{'' if abort is None else f'{abort:.1f} ms'} | "
+            f"{'' if cpu is None else f'{cpu:.1f} us ({cpu / bare_cpu_us:.1f}x)'} | "
+            f"{lost_dup} | {'ok' if not errors else errors} |")
+    return "\n".join(lines)

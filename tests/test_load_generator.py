@@ -1,0 +1,38 @@
+"""The load generator is a tool operators trust: it must verify cleanly against
+a healthy server, and its verifier must catch a broken stream."""
+
+from bench.common import BENCH_SECRET
+from bench.load import LoadClient, Scenario, Stats, markdown, run_scenario
+from tests.harness import running_server
+
+
+async def test_mixed_scenario_verifies_clean() -> None:
+    scenario = Scenario(name="test-mixed", docs=4, collaborators=3, runs=2, deltas=30, tools=2,
+                        approvals=1, delay_ms=2, cancel_rate=0.2, edit_rate=0.3, drop_rate=0.3,
+                        ramp_s=0.1, seed=3)
+    async with running_server(jwt_secret=BENCH_SECRET, rate_messages_per_s=0,
+                              rate_runs_per_min=0) as srv:
+        url = f"ws://127.0.0.1:{srv.settings.port}"
+        report = await run_scenario(scenario, [url], [], progress=False)
+    assert report["verification_errors"] == {}
+    assert sum(report["runs_finished"].values()) == 8
+    assert report["resumes"] > 0 and report["abort_ms"]["n"] > 0
+    assert report["tool_rtt_ms"]["n"] > 0 and report["first_delta_ms"]["n"] == 8
+    assert "| first_delta (ms) |" in markdown(report)
+
+
+def test_verifier_catches_gaps_duplicates_and_mismatched_text() -> None:
+    stats = Stats()
+    client = LoadClient("ws://unused", "t", "c", stats, driver=False)
+    events = [
+        {"type": "message.delta", "seq": 1, "run_id": "r", "message_id": "m", "delta": "ab"},
+        {"type": "message.delta", "seq": 1, "run_id": "r", "message_id": "m", "delta": "ab"},
+        {"type": "message.delta", "seq": 3, "run_id": "r", "message_id": "m", "delta": "c"},
+        {"type": "message.done", "seq": 4, "run_id": "r", "message_id": "m", "text": "abcd"},
+        {"type": "run.finished", "seq": 5, "run_id": "r", "status": "completed", "steps": 1},
+        {"type": "run.finished", "seq": 6, "run_id": "r", "status": "completed", "steps": 1},
+    ]
+    for event in events:
+        client._on_event(event, 0.0)
+    assert stats.errors == {"duplicate_event": 1, "seq_gap": 1, "deltas_differ_from_done": 1,
+                            "run_finished_twice": 1}
