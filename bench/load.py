@@ -149,12 +149,7 @@ class LoadClient:
 
     async def drop_and_resume(self) -> None:
         """Lose the connection mid-run (as a network blip would) and resume."""
-        if self.reader is not None:
-            self.reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.reader
-        if self.ws is not None:
-            await self.ws.close()
+        await self.close()
         await self.connect(resume=True)
 
     async def close(self) -> None:

@@ -325,13 +325,19 @@ class RunCoordinator:
                 return
         conn.ack(message.id, run_id=run.run_id, call_id=message.call_id, duplicate=True)
 
+    async def _users_run(self, conn: Peer, run_id: str, reply_to: str | None, action: str
+                         ) -> Run | None:
+        """The active run `run_id`, if `conn`'s user is the run's user (else an error)."""
+        run = await self._lookup(conn, run_id, reply_to)
+        if run is not None and conn.user_id != run.user_id:
+            conn.error(ErrorCode.FORBIDDEN, f"only the run's user may {action}",
+                       reply_to=reply_to, run_id=run.run_id)
+            return None
+        return run
+
     async def _approval(self, conn: Peer, message: Approval) -> None:
-        run = await self._lookup(conn, message.run_id, message.id)
+        run = await self._users_run(conn, message.run_id, message.id, "answer its approvals")
         if run is None:
-            return
-        if conn.user_id != run.user_id:
-            conn.error(ErrorCode.FORBIDDEN, "only the run's user may answer its approvals",
-                       reply_to=message.id, run_id=run.run_id)
             return
         pending = run.pending.get(message.call_id)
         if pending is None or pending.kind != "approval" or pending.answered:
@@ -358,12 +364,8 @@ class RunCoordinator:
         conn.ack(message.id, run_id=run.run_id, call_id=message.call_id, status=message.decision)
 
     async def _cancel(self, conn: Peer, message: RunCancel) -> None:
-        run = await self._lookup(conn, message.run_id, message.id)
+        run = await self._users_run(conn, message.run_id, message.id, "cancel it")
         if run is None:
-            return
-        if conn.user_id != run.user_id:
-            conn.error(ErrorCode.FORBIDDEN, "only the run's user may cancel it",
-                       reply_to=message.id, run_id=run.run_id)
             return
         await self.finish(run, Finish("cancelled", "user_cancelled"))
         conn.ack(message.id, run_id=run.run_id, status="cancelled")
