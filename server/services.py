@@ -1,7 +1,7 @@
 """The objects one app instance is made of, built once and injected."""
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from server.agent.llm import LLM
 from server.auth import Authenticator
@@ -9,6 +9,9 @@ from server.backends.base import Backend
 from server.observability import Metrics
 from server.session import SessionHub
 from server.settings import Settings
+
+if TYPE_CHECKING:
+    from server.agent.remote import RunRouter
 
 
 @dataclass
@@ -21,4 +24,4 @@ class Services:
     llm: LLM
     instance_id: str
     draining: bool = False
-    router: Any = field(default=None)  # server.agent.remote.RunRouter, set by build_services
+    router: "RunRouter" = field(init=False)  # needs the services itself: set by build_services

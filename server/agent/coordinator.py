@@ -20,6 +20,7 @@ from protocol.codes import ErrorCode
 from protocol.server import (
     ApprovalResolved,
     DurableServerEvent,
+    FinishedStatus,
     RunError,
     RunFinished,
     RunSnapshot,
@@ -119,11 +120,11 @@ class RunCoordinator:
                 "kind": "abort", "document_id": self.session.document_id,
                 "run_id": record["run_id"]})
 
-    async def abort(self, run_id: str, status: str, reason: str) -> None:
+    async def abort(self, run_id: str, status: FinishedStatus, reason: str) -> None:
         """End the local run `run_id` (asked by another instance)."""
         run = self.active
         if run is not None and run.run_id == run_id and not run.finishing:
-            await self.finish(run, Finish(status, reason))  # type: ignore[arg-type]
+            await self.finish(run, Finish(status, reason))
 
     async def shutdown(self) -> None:
         if self.active is not None:
