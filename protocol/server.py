@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, TypeAdapter
 
 from protocol.base import JsonObject, NonNegativeInt, WireModel
+from protocol.codes import ErrorCode
 
 RunStatus = Literal[
     "running", "waiting_tool", "waiting_approval",
@@ -75,7 +76,7 @@ class Ack(WireModel):
 
 class Error(WireModel):
     type: Literal["error"] = "error"
-    code: str
+    code: ErrorCode
     message: str
     reply_to: str | None = None
     run_id: str | None = None
@@ -159,6 +160,7 @@ class ToolDone(DurableEvent):
 class RunError(WireModel):
     code: str
     message: str
+    details: JsonObject | None = None  # upstream failures: {"kind", "status"?}
 
 
 class RunFinished(DurableEvent):

@@ -19,8 +19,11 @@ from starlette.staticfiles import StaticFiles
 from protocol.schema import build_schema
 from protocol.server import Limits
 from server.agent.coordinator import RunCoordinator
+from server.agent.environment import RunEnvironment
 from server.agent.factory import make_llm
+from server.agent.machine import MachineConfig, RunMachine
 from server.agent.remote import RunRouter
+from server.agent.tools import BUILTIN_SERVER_TOOLS
 from server.auth import Authenticator, AuthError
 from server.backends.base import Backend
 from server.backends.memory import MemoryBackend
@@ -56,18 +59,25 @@ def build_services(settings: Settings) -> Services:
         run_timeout_s=settings.run_timeout_s,
         max_steps=settings.max_steps,
     )
-    def session_factory(document_id: str) -> DocumentSession:
-        return DocumentSession(
-            document_id, backend, limits, lambda session: RunCoordinator(session, services)
-        )
+    auth, metrics, instance_id = Authenticator(settings), Metrics(), uuid.uuid4().hex[:12]
+    machine = RunMachine(MachineConfig(
+        signer=auth, tool_timeout_s=settings.tool_timeout_s,
+        approval_timeout_s=settings.approval_timeout_s, run_timeout_s=settings.run_timeout_s,
+        client_grace_s=settings.client_grace_s))
 
-    services = Services(
-        settings=settings, backend=backend, auth=Authenticator(settings), metrics=Metrics(),
-        hub=SessionHub(session_factory), llm=make_llm(settings),
-        instance_id=uuid.uuid4().hex[:12],
-    )
-    services.router = RunRouter(services)
-    return services
+    def session_factory(document_id: str) -> DocumentSession:
+        def runs(session: DocumentSession) -> RunCoordinator:
+            return RunCoordinator(document_id, session, session, env,
+                                  on_idle=lambda: hub.release(session))
+        return DocumentSession(document_id, backend, limits, runs)
+
+    hub = SessionHub(session_factory)
+    router = RunRouter(backend, hub, machine, metrics, instance_id, settings.run_lease_s)
+    env = RunEnvironment(settings=settings, registry=backend, cluster=router,
+                         llm=make_llm(settings), machine=machine, metrics=metrics,
+                         instance_id=instance_id, server_tools=BUILTIN_SERVER_TOOLS)
+    return Services(settings=settings, backend=backend, auth=auth, metrics=metrics, hub=hub,
+                    runs=env, router=router, instance_id=instance_id)
 
 
 def _is_loopback(request: Request) -> bool:
@@ -141,7 +151,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             for session in list(services.hub.sessions.values()):
                 await session.runs.shutdown()
             await services.router.stop()
-            await services.llm.close()
+            await services.runs.llm.close()
             await services.backend.close()
 
     routes = [

@@ -10,18 +10,21 @@ message only while some connection of the document has a send pending
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 from protocol.base import PROTOCOL_VERSION
 from protocol.client import ClientMessage, EditorChange, Hello
 from protocol.server import DocumentChanged, DurableServerEvent, Limits, MessageDelta, Welcome
-from server.backends.base import Backend, BackendUnavailable, LoggedEvent, ResumeFailure
+from server.backends.base import (
+    Backend,
+    BackendUnavailable,
+    LoggedEvent,
+    ResumeFailure,
+    UnloggableEvent,
+)
 from server.connection import Connection
 from server.outbound import _Frame
-
-if TYPE_CHECKING:
-    from server.agent.coordinator import RunCoordinator
+from server.ports import RunHandler
 
 logger = logging.getLogger("cowrite.session")
 
@@ -49,7 +52,7 @@ class DocumentSession:
         document_id: str,
         backend: Backend,
         limits: Limits,
-        make_coordinator: Callable[["DocumentSession"], "RunCoordinator"],
+        make_runs: Callable[["DocumentSession"], RunHandler],
     ) -> None:
         self.document_id = document_id
         self.backend = backend
@@ -59,7 +62,7 @@ class DocumentSession:
         self._pending: _PendingDelta | None = None
         self._publish_lock = asyncio.Lock()
         self._flush_tasks: set[asyncio.Task[None]] = set()
-        self.runs = make_coordinator(self)
+        self.runs = make_runs(self)
 
     # -- membership ------------------------------------------------------------
     async def attach(self, conn: Connection) -> None:
@@ -71,7 +74,7 @@ class DocumentSession:
 
     async def detach(self, conn: Connection) -> None:
         self.connections.pop(conn.session_id, None)
-        self.runs.on_connection_left(conn)
+        self.runs.presence_changed()
         with contextlib.suppress(BackendUnavailable):
             await self.backend.set_presence(self.document_id, _member(conn), False)
 
@@ -87,6 +90,11 @@ class DocumentSession:
 
     def connections_of(self, user_id: str) -> list[Connection]:
         return [c for c in self.connections.values() if c.user_id == user_id]
+
+    def has_client(self, user_id: str, client_id: str) -> bool:
+        """Whether the client (a run's executor) is connected to this instance."""
+        return any(c.client_id == client_id and c.user_id == user_id
+                   for c in self.connections.values())
 
     async def join(self, conn: Connection, hello: Hello) -> Welcome:
         """Attach `conn` and queue its welcome, its replay, then live events."""
@@ -119,7 +127,7 @@ class DocumentSession:
             limits=self.limits,
         )
         conn.outbound.begin(_Frame("welcome", welcome.to_json().decode()), start_seq, replay)
-        self.runs.on_connection_joined(conn)
+        self.runs.presence_changed()
         return welcome
 
     # -- inbound ---------------------------------------------------------------
@@ -131,7 +139,7 @@ class DocumentSession:
 
     async def editor_changed(self, conn: Connection, message: EditorChange) -> None:
         if message.origin == "user":
-            await self.runs.on_user_edit(conn)
+            await self.runs.on_user_edit(conn, message)
         await self.publish(
             DocumentChanged(
                 document_version=message.document_version,
@@ -162,6 +170,18 @@ class DocumentSession:
         async with self._publish_lock:
             await self._flush_locked()
             return await self.backend.append(self.document_id, event.to_wire())
+
+    async def publish_many(self, events: Sequence[DurableServerEvent]) -> None:
+        """Log `events` in order (after any delta held back for merging). The first
+        event is serialized before anything is logged, so a refusal leaves no trace."""
+        async with self._publish_lock:
+            await self._flush_locked()
+            for event in events:
+                wire = event.to_wire()
+                try:
+                    await self.backend.append(self.document_id, wire)
+                except (TypeError, ValueError) as exc:  # the encoder refused the content
+                    raise UnloggableEvent(str(exc)) from exc
 
     async def publish_delta(self, run_id: str, message_id: str, delta: str) -> None:
         """The hot path: no model object per delta; merging while a connection is

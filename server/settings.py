@@ -48,6 +48,7 @@ class Settings(BaseSettings):
     # Agent runs (section 6)
     llm: Literal["scripted", "openai"] | None = None
     model: str = "gpt-4o-mini"
+    allowed_models: Annotated[list[str], NoDecode] = Field(default_factory=list)
     openai_api_key: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("OPENAI_API_KEY", "COWRITE_OPENAI_API_KEY")
     )
@@ -65,7 +66,7 @@ class Settings(BaseSettings):
     server_tool_timeout_s: float = 10.0
     run_lease_s: float = 10.0
 
-    @field_validator("allowed_origins", mode="before")
+    @field_validator("allowed_origins", "allowed_models", mode="before")
     @classmethod
     def _split_origins(cls, value: object) -> object:
         if isinstance(value, str):

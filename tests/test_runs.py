@@ -189,7 +189,8 @@ async def test_upstream_failure_fails_the_run(server: Server) -> None:
         await start(client, script({"say": "Thinking", "fail": "model exploded"}))
         finished = await client.recv_until("run.finished")
         assert finished["status"] == "failed" and finished["reason"] == "upstream_error"
-        assert finished["error"] == {"code": "upstream_error", "message": "model exploded"}
+        assert finished["error"] == {"code": "upstream_error", "message": "model exploded",
+                                     "details": {"kind": "server_error"}}
 
 
 async def test_max_steps(server: Server) -> None:

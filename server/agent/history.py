@@ -11,9 +11,15 @@ from typing import Any
 import orjson
 
 from protocol.client import RunContext
-from server.agent.state import Run
 
 HISTORY_TURNS_FOR_MODEL = 40
+
+
+def _json(value: Any) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except (TypeError, ValueError):  # nested beyond what the encoder takes
+        return '"(too deeply nested to show)"'
 
 
 def user_content(prompt: str, context: RunContext | None) -> str:
@@ -24,40 +30,41 @@ def user_content(prompt: str, context: RunContext | None) -> str:
             fmt = f", format {context.document.format}" if context.document.format else ""
             parts.append(f"\n\n<document{version}{fmt}>\n{context.document.text}\n</document>")
         if context.selection is not None:
-            parts.append(f"\n\n<selection>{orjson.dumps(context.selection).decode()}</selection>")
+            parts.append(f"\n\n<selection>{_json(context.selection)}</selection>")
         if context.extra is not None:
-            parts.append(f"\n\n<extra>{orjson.dumps(context.extra).decode()}</extra>")
+            parts.append(f"\n\n<extra>{_json(context.extra)}</extra>")
     return "".join(parts)
 
 
 def model_messages(
-    system_prompt: str, history: list[dict[str, Any]], run: Run
+    system_prompt: str, history: list[dict[str, Any]], run_id: str, prompt: str,
+    context: RunContext | None,
 ) -> list[dict[str, Any]]:
     """The first request of a run: system, earlier turns, this prompt with its context."""
     earlier = [
         {"role": entry["role"], "content": str(entry["content"])}
         for entry in history
-        if entry.get("role") in ("user", "assistant") and entry.get("run_id") != run.run_id
+        if entry.get("role") in ("user", "assistant") and entry.get("run_id") != run_id
         and entry.get("content")
     ][-HISTORY_TURNS_FOR_MODEL:]
     return [
         {"role": "system", "content": system_prompt},
         *earlier,
-        {"role": "user", "content": user_content(run.prompt, run.context)},
+        {"role": "user", "content": user_content(prompt, context)},
     ]
 
 
-def prompt_entry(run: Run) -> dict[str, Any]:
-    return {"role": "user", "content": run.prompt, "run_id": run.run_id}
+def prompt_entry(run_id: str, prompt: str) -> dict[str, Any]:
+    return {"role": "user", "content": prompt, "run_id": run_id}
 
 
-def assistant_entry(run: Run, text: str, interrupted: bool = False) -> dict[str, Any]:
-    entry: dict[str, Any] = {"role": "assistant", "content": text, "run_id": run.run_id}
+def assistant_entry(run_id: str, text: str, interrupted: bool = False) -> dict[str, Any]:
+    entry: dict[str, Any] = {"role": "assistant", "content": text, "run_id": run_id}
     if interrupted:
         entry["interrupted"] = True
     return entry
 
 
-def tool_entry(run: Run, call_id: str, name: str, content: str) -> dict[str, Any]:
-    return {"role": "tool", "content": content, "run_id": run.run_id, "tool_call_id": call_id,
+def tool_entry(run_id: str, call_id: str, name: str, content: str) -> dict[str, Any]:
+    return {"role": "tool", "content": content, "run_id": run_id, "tool_call_id": call_id,
             "name": name}

@@ -8,7 +8,7 @@ task closes the iterator, which must close the upstream request at once.
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from protocol.client import RunContext, ToolSpec
 
@@ -51,8 +51,31 @@ class ModelRequest:
     tool_results: list[dict[str, Any]] = field(default_factory=list)
 
 
+UpstreamKind = Literal["rate_limited", "auth", "bad_request", "server_error", "timeout",
+                      "connection"]
+
+
 class ModelError(Exception):
-    """The model failed (HTTP error, malformed stream): the run ends `upstream_error`."""
+    """The model failed (HTTP error, malformed stream): the run ends `upstream_error`.
+
+    `public` is the only text that reaches clients (PROTOCOL.md section 10): it
+    names the HTTP status and the kind, never the provider's body or an
+    exception's text, which go to the log only."""
+
+    def __init__(self, kind: UpstreamKind, status: int | None = None,
+                 public: str | None = None, detail: str = "") -> None:
+        self.kind = kind
+        self.status = status
+        where = f"HTTP {status}" if status is not None else kind.replace("_", " ")
+        self.public = public or f"the model server failed ({where}, {kind})"
+        super().__init__(detail or self.public)
+
+    @property
+    def details(self) -> dict[str, Any]:
+        found: dict[str, Any] = {"kind": self.kind}
+        if self.status is not None:
+            found["status"] = self.status
+        return found
 
 
 class LLM(Protocol):

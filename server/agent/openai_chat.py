@@ -18,6 +18,7 @@ from server.agent.llm import (
     ModelRequest,
     TextChunk,
     ToolCallRequest,
+    UpstreamKind,
     UsageChunk,
 )
 
@@ -46,7 +47,7 @@ class OpenAIChat:
                 **options,
             )
         except openai.APIError as exc:
-            raise ModelError(_describe(exc)) from exc
+            raise _model_error(exc) from exc
         calls: dict[int, dict[str, str]] = {}
         try:
             async for chunk in upstream:
@@ -70,23 +71,32 @@ class OpenAIChat:
                             slot["name"] += part.function.name or ""
                             slot["arguments"] += part.function.arguments or ""
         except openai.APIError as exc:
-            raise ModelError(_describe(exc)) from exc
+            raise _model_error(exc) from exc
         except (ValueError, KeyError, TypeError) as exc:
-            raise ModelError(f"malformed stream from the model server: {exc}") from exc
+            raise ModelError("bad_request", public="the model server sent a malformed stream",
+                             detail=f"malformed stream: {exc!r}") from exc
         finally:
             await upstream.close()
         for index in sorted(calls):
             slot = calls[index]
             if not slot["name"]:
-                raise ModelError(f"the model sent a tool call (index {index}) without a name")
+                raise ModelError("bad_request",
+                                 public=f"the model sent a tool call (index {index}) without a "
+                                        "name")
             yield ToolCallRequest(slot["id"], slot["name"], slot["arguments"] or "{}")
 
 
-def _describe(exc: openai.APIError) -> str:
+def _model_error(exc: openai.APIError) -> ModelError:
+    """Our words for an upstream failure; the provider's text goes to the log only."""
+    detail = f"{type(exc).__name__}: {exc.message}"[:500]
     if isinstance(exc, openai.APIStatusError):
-        return f"model server answered HTTP {exc.status_code}: {exc.message}"[:500]
+        status = exc.status_code
+        kind: UpstreamKind = (
+            "rate_limited" if status == 429 else "auth" if status in (401, 403)
+            else "server_error" if status >= 500 else "bad_request")
+        return ModelError(kind, status, detail=detail)
     if isinstance(exc, openai.APITimeoutError):
-        return "model server timed out"
+        return ModelError("timeout", detail=detail)
     if isinstance(exc, openai.APIConnectionError):
-        return "could not reach the model server"
-    return f"model error: {exc.message}"[:500]
+        return ModelError("connection", detail=detail)
+    return ModelError("bad_request", detail=detail)

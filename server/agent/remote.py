@@ -1,30 +1,33 @@
-"""Runs owned by another instance (Redis backend).
+"""Runs owned by another instance (Redis backend): the cluster link.
 
 The instance running a run's agent loop owns it and renews a lease. A
 message about that run arriving elsewhere is forwarded to the owner's inbox
 (a Redis stream: durable, ordered), handled there as if its sender were
 local (`RemotePeer`), and the owner's `ack`/`error` travel back through the
 sender's instance inbox. Every instance also runs a janitor: a run whose
-lease lapsed (its owner died) is taken by exactly one survivor, which logs
-`tool.done cancelled` for its pending calls and `run.finished`
-`aborted`/`server_lost`.
+lease lapsed (its owner died) is taken by exactly one survivor, which ends
+it through the same run machine as any other ending (`End` aborted /
+`server_lost`), so the pending call gets its `tool.done` and the run its one
+`run.finished`.
 """
 
 import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from protocol.base import WireModel
 from protocol.client import ParseFailure, validate_message
 from protocol.codes import ErrorCode
-from protocol.server import Ack, RunFinished, ToolDone
-from server.backends.base import BackendUnavailable
+from protocol.server import Ack
+from server.agent.machine import RunMachine
+from server.agent.run_state import orphan_state
+from server.agent.steps import End, Publish, Release
+from server.backends.base import Backend, BackendUnavailable
 from server.connection import Peer, error_event
-
-if TYPE_CHECKING:
-    from server.services import Services
+from server.observability import Metrics
+from server.session import SessionHub
 
 logger = logging.getLogger("cowrite.remote")
 
@@ -61,9 +64,14 @@ class RemotePeer:
 
 
 class RunRouter:
-    def __init__(self, services: "Services") -> None:
-        self.services = services
-        self.me = services.instance_id
+    def __init__(self, backend: Backend, hub: SessionHub, machine: RunMachine, metrics: Metrics,
+                 instance_id: str, lease_s: float) -> None:
+        self.backend = backend
+        self.hub = hub
+        self.machine = machine
+        self.metrics = metrics
+        self.me = instance_id
+        self.lease_s = lease_s
         self._tasks: list[asyncio.Task[None]] = []
         self._posts: set[asyncio.Task[None]] = set()
 
@@ -77,7 +85,7 @@ class RunRouter:
         await asyncio.gather(*self._tasks, *self._posts, return_exceptions=True)
 
     async def forward(self, owner: str, peer: Peer, message: WireModel) -> None:
-        await self.services.backend.send(owner, {
+        await self.backend.send(owner, {
             "kind": "message", "document_id": peer.document_id, "origin": self.me,
             "connection": peer.session_id, "user_id": peer.user_id,
             "client_id": peer.client_id, "message": message.to_wire()})
@@ -90,10 +98,10 @@ class RunRouter:
 
     async def _post(self, instance_id: str, message: dict[str, Any]) -> None:
         with contextlib.suppress(BackendUnavailable):
-            await self.services.backend.send(instance_id, message)
+            await self.backend.send(instance_id, message)
 
     async def _inbox_loop(self) -> None:
-        async for message in self.services.backend.inbox(self.me):
+        async for message in self.backend.inbox(self.me):
             try:
                 await self._dispatch(message)
             except Exception:
@@ -101,7 +109,7 @@ class RunRouter:
 
     async def _dispatch(self, message: dict[str, Any]) -> None:
         kind, document_id = message.get("kind"), str(message.get("document_id", ""))
-        hub = self.services.hub
+        hub = self.hub
         if kind == "reply":
             session = hub.sessions.get(document_id)
             conn = session.connections.get(message["connection"]) if session else None
@@ -125,29 +133,29 @@ class RunRouter:
             hub.release(session)
 
     async def _janitor_loop(self) -> None:
-        interval = max(0.05, self.services.settings.run_lease_s / 4)
+        interval = max(0.05, self.lease_s / 4)
         while True:
             await asyncio.sleep(interval)
             try:
-                for document_id, record in await self.services.backend.expired_runs():
-                    await self._announce_lost(document_id, record)
+                for document_id, record in await self.backend.expired_runs():
+                    await self._end_orphan(document_id, record)
             except BackendUnavailable:
                 continue
             except Exception:
-                logger.exception("announcing a lost run failed")
+                logger.exception("ending a lost run failed")
 
-    async def _announce_lost(self, document_id: str, record: dict[str, Any]) -> None:
-        backend, run_id = self.services.backend, str(record["run_id"])
-        logger.warning("run %s lost its owner %s", run_id, record.get("owner"),
-                       extra={"document_id": document_id, "run_id": run_id})
-        for item in record.get("pending", []):
-            await backend.append(document_id, ToolDone(
-                run_id=run_id, call_id=item["call_id"], status="cancelled",
-                error={"message": "the instance running this run was lost"}).to_wire())
-        await backend.append(document_id, RunFinished(
-            run_id=run_id, status="aborted", reason="server_lost",
-            steps=int(record.get("step", 0))).to_wire())
-        await backend.put_run_record(document_id, run_id, {
-            "status": "aborted", "user_id": record.get("user_id"),
-            "client_id": record.get("client_id")})
-        self.services.metrics.runs.labels("aborted").inc()
+    async def _end_orphan(self, document_id: str, record: dict[str, Any]) -> None:
+        state = orphan_state(document_id, record)
+        logger.warning("run %s lost its owner %s", state.run_id, record.get("owner"),
+                       extra={"document_id": document_id, "run_id": state.run_id})
+        decision = self.machine.decide(state, End("aborted", "server_lost"))
+        for effect in decision.effects:
+            if isinstance(effect, Publish):
+                for event in effect.events:
+                    await self.backend.append(document_id, event.to_wire())
+            elif isinstance(effect, Release):
+                final = decision.state
+                await self.backend.put_run_record(document_id, final.run_id, {
+                    "status": final.status, "user_id": final.user_id,
+                    "client_id": final.client_id})
+                self.metrics.runs.labels(effect.status).inc()

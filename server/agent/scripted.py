@@ -51,13 +51,15 @@ class ScriptedLLM:
             step = _demo_step(request)
             chunk_chars, delay = 6, 0.015
         if not isinstance(step, dict):
-            raise ModelError(f"script element {request.step} is not an object")
+            raise ModelError("bad_request",
+                             public=f"script element {request.step} is not an object")
         say = str(step.get("say") or "")
         for start in range(0, len(say), chunk_chars):
             await asyncio.sleep(delay)
             yield TextChunk(say[start:start + chunk_chars])
         if step.get("fail"):
-            raise ModelError(str(step["fail"]))
+            # The scripted text is the test's own words, not an exception's.
+            raise ModelError("server_error", public=str(step["fail"])[:500])
         for call in step.get("tool_calls") or ():
             arguments = call.get("arguments", {})
             raw = arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()

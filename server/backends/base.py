@@ -35,6 +35,11 @@ class BackendUnavailable(Exception):
     """The shared backend (Redis) cannot be reached; the request may be retried."""
 
 
+class UnloggableEvent(ValueError):
+    """The event cannot be serialized (e.g. nested beyond the encoder's limit); nothing
+    was logged and no seq was taken."""
+
+
 class Backend(Protocol):
     # True when an append costs a network round trip (Redis): the session then
     # lets the agent go on and merges deltas that arrive during an append.

@@ -15,7 +15,13 @@ from typing import Any
 
 import orjson
 
-from server.backends.base import EventListener, LoggedEvent, LogHead, ResumeFailure
+from server.backends.base import (
+    EventListener,
+    LoggedEvent,
+    LogHead,
+    ResumeFailure,
+    UnloggableEvent,
+)
 
 HISTORY_MAX_ENTRIES = 2000
 RUN_RECORDS_MAX = 1000
@@ -67,9 +73,13 @@ class MemoryBackend:
 
     async def append(self, document_id: str, event: dict[str, Any]) -> LoggedEvent:
         log = self._log(document_id)
-        log.last_seq += 1
-        stamped = {**event, "seq": log.last_seq, "ts": now_ms()}
-        logged = LoggedEvent(log.last_seq, str(event["type"]), orjson.dumps(stamped).decode())
+        seq = log.last_seq + 1
+        try:  # serialize before the number is taken: a refusal leaves no gap
+            frame = orjson.dumps({**event, "seq": seq, "ts": now_ms()}).decode()
+        except (TypeError, ValueError) as exc:
+            raise UnloggableEvent(f"event cannot be serialized: {exc}") from exc
+        log.last_seq = seq
+        logged = LoggedEvent(seq, str(event["type"]), frame)
         log.events.append(logged)
         for listener in tuple(self._listeners.get(document_id, ())):
             listener(logged)

@@ -1,0 +1,466 @@
+"""Runs one run: feeds inputs to the machine, one at a time, and executes its effects.
+
+The driver owns the I/O of a run and none of its decisions. One task reads
+the run's inbox and applies each input in order; the model call, a server
+tool and the lease renewal are children in one `asyncio.TaskGroup` that only
+ever put inputs back into the inbox; timers are loop callbacks that do the
+same. So every decision is taken by one task, in order, and an ending can
+cancel all the work of the run at once.
+
+Atomicity: a decision's state becomes the run's state only once its first
+`Publish` is logged when the input can be refused (a client's `tool.result`
+or `approval`, the start); a failed publish leaves the old state and answers
+the sender `unavailable` or `invalid_message`, so the client may retry. Other
+decisions are committed at once and their events published with retries,
+like an outbox. Whatever fails, the run ends and the document is released:
+a bug becomes `failed`/`internal_error`, and if even that cannot be logged
+the document is freed anyway.
+"""
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from protocol.codes import ErrorCode
+from protocol.server import Error, RunError
+from server.agent import history, json_format
+from server.agent.environment import RunEnvironment
+from server.agent.llm import ModelError, ModelRequest, TextChunk, ToolCallRequest, UsageChunk
+from server.agent.run_state import ModelCall, RunState, ToolOutcome
+from server.agent.steps import (
+    ArmTimer,
+    Begin,
+    CallModel,
+    Checkpoint,
+    Crashed,
+    Decision,
+    DisarmTimer,
+    Effect,
+    Input,
+    LeaseLost,
+    ModelFailed,
+    ModelFinished,
+    ModelUnparseable,
+    Publish,
+    Release,
+    Remember,
+    RememberPartial,
+    Reply,
+    RunServerTool,
+    ServerToolFinished,
+    StopWork,
+    TimerFired,
+)
+from server.agent.tools import ToolBox
+from server.backends.base import BackendUnavailable, UnloggableEvent
+from server.connection import Peer
+from server.ports import EventLog
+
+logger = logging.getLogger("cowrite.agent")
+PUBLISH_RETRY_MAX_S = 1.0
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def new_ref() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+@dataclass(frozen=True, slots=True)
+class _Envelope:
+    event: Input
+    peer: Peer | None
+    done: "asyncio.Future[bool] | None"
+
+
+class RunDriver:
+    def __init__(self, state: RunState, env: RunEnvironment, log: EventLog, toolbox: ToolBox,
+                 on_finished: Callable[["RunDriver"], None]) -> None:
+        self.state = state
+        self.env = env
+        self.log = log
+        self.toolbox = toolbox
+        self._on_finished = on_finished
+        self._inbox: asyncio.Queue[_Envelope] = asyncio.Queue()
+        self._group: asyncio.TaskGroup | None = None
+        self._model_task: asyncio.Task[None] | None = None
+        self._tool_task: asyncio.Task[None] | None = None
+        self._renewal: asyncio.Task[None] | None = None
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._parts: list[str] = []  # text the current message streamed so far
+        self._released = False
+        self._main: asyncio.Task[None] | None = None
+        self._started: asyncio.Future[bool] | None = None
+        self.done = asyncio.Event()
+
+    @property
+    def run_id(self) -> str:
+        return self.state.run_id
+
+    @property
+    def log_extra(self) -> dict[str, Any]:
+        return {"run_id": self.state.run_id, "document_id": self.state.document_id}
+
+    # -- lifetime -------------------------------------------------------------------
+    async def start(self, peer: Peer | None, reply_to: str | None) -> bool:
+        """Announce the run; False (and nothing logged) if it could not be announced."""
+        loop = asyncio.get_running_loop()
+        self._started = loop.create_future()
+        self._main = loop.create_task(self._serve(Begin(now_ms(), reply_to), peer))
+        return await asyncio.shield(self._started)
+
+    def feed(self, event: Input, peer: Peer | None = None) -> None:
+        if not self.done.is_set():
+            self._inbox.put_nowait(_Envelope(event, peer, None))
+
+    async def submit(self, event: Input, peer: Peer | None = None) -> bool:
+        """Feed `event` and wait until it was applied (False if the run already ended)."""
+        if self.done.is_set():
+            return False
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._inbox.put_nowait(_Envelope(event, peer, future))
+        return await future
+
+    async def _serve(self, begin: Input, peer: Peer | None) -> None:
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                accepted = await self._apply(begin, peer)
+                assert self._started is not None
+                self._started.set_result(accepted)
+                if not accepted:
+                    self._released = True  # nothing was logged: the coordinator frees the claim
+                    return
+                if self.env.registry.remote:
+                    self._renewal = self._spawn(self._renew())
+                while not self.state.finished:
+                    envelope = await self._inbox.get()
+                    applied = await self._apply(envelope.event, envelope.peer)
+                    if envelope.done is not None and not envelope.done.done():
+                        envelope.done.set_result(applied)
+                self._stop_children(renewal=True)
+        except Exception:
+            logger.exception("run driver failed", extra=self.log_extra)
+        finally:
+            await self._last_resort()
+
+    async def _last_resort(self) -> None:
+        """However the driver ended, the document must be free and waiters answered."""
+        self._disarm("*")
+        if self._started is not None and not self._started.done():
+            self._started.set_result(False)
+            self._released = True
+        if not self._released:
+            logger.error("run ended without its release; freeing the document",
+                         extra=self.log_extra)
+            with contextlib.suppress(Exception):
+                await self.env.registry.release_run(self.state.document_id, self.run_id)
+        while not self._inbox.empty():
+            envelope = self._inbox.get_nowait()
+            if envelope.done is not None and not envelope.done.done():
+                envelope.done.set_result(False)
+        self.done.set()
+        self._on_finished(self)
+
+    # -- applying inputs ------------------------------------------------------------
+    async def _apply(self, event: Input, peer: Peer | None) -> bool:
+        """Decide and execute; True when the decision was committed."""
+        if isinstance(event, (ModelFinished, ModelUnparseable)):
+            self._parts = []
+        try:
+            decision = self.env.machine.decide(self.state, event)
+        except Exception:
+            ref = new_ref()
+            logger.exception("run machine failed on %s (ref %s)", type(event).__name__, ref,
+                             extra=self.log_extra)
+            if peer is not None:
+                peer.reply(Error(code=ErrorCode.INTERNAL, message=f"internal error (ref {ref})",
+                                 reply_to=getattr(event, "reply_to", None), run_id=self.run_id))
+                return False
+            decision = self.env.machine.decide(self.state, Crashed(ref))
+        return await self._execute(decision, peer)
+
+    async def _execute(self, decision: Decision, peer: Peer | None) -> bool:
+        effects = list(decision.effects)
+        if decision.refusable:
+            first = next((e for e in effects if isinstance(e, Publish)), None)
+            if first is not None:
+                problem = await self._try_publish(first)
+                if problem is not None:
+                    if peer is not None:
+                        peer.reply(Error(code=problem[0], message=problem[1],
+                                         reply_to=decision.reply_to, run_id=self.run_id,
+                                         retry_after_ms=1000 if problem[0] == ErrorCode.UNAVAILABLE
+                                         else None))
+                    return False
+                effects.remove(first)
+        self.state = decision.state
+        for effect in effects:
+            try:
+                await self._do(effect, peer)
+            except _PublishFailed as failed:
+                if self.state.finished:
+                    logger.error("the run's end could not be logged (%s)", failed.why,
+                                 extra=self.log_extra)
+                    self._released = isinstance(failed.cause, BackendUnavailable)
+                    return True  # with Redis the lease lapses and a survivor announces it
+                return await self._apply(Crashed(failed.ref), None)
+            except Exception:
+                ref = new_ref()
+                logger.exception("run effect %s failed (ref %s)", type(effect).__name__, ref,
+                                 extra=self.log_extra)
+                if not self.state.finished:
+                    return await self._apply(Crashed(ref), None)
+        return True
+
+    async def _try_publish(self, effect: Publish) -> tuple[ErrorCode, str] | None:
+        try:
+            await self.log.publish_many(effect.events)
+        except BackendUnavailable:
+            return ErrorCode.UNAVAILABLE, "the shared backend is unavailable; retry shortly"
+        except UnloggableEvent:
+            return ErrorCode.INVALID_MESSAGE, "the message's content cannot be logged " \
+                                              "(nested too deeply?)"
+        return None
+
+    async def _publish(self, events: tuple[Any, ...]) -> None:
+        """Publish a committed decision's events, retrying a backend outage for a while."""
+        deadline = time.monotonic() + self.env.settings.run_lease_s / 2
+        delay = 0.05
+        while True:
+            try:
+                await self.log.publish_many(events)
+                return
+            except UnloggableEvent as exc:
+                ref = new_ref()
+                logger.error("an event of the run cannot be logged (ref %s)", ref,
+                             extra=self.log_extra)
+                raise _PublishFailed(ref, "unloggable", exc) from exc
+            except BackendUnavailable as exc:
+                if time.monotonic() > deadline:
+                    raise _PublishFailed(new_ref(), "backend unavailable", exc) from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, PUBLISH_RETRY_MAX_S)
+
+    async def _do(self, effect: Effect, peer: Peer | None) -> None:
+        state = self.state
+        if isinstance(effect, Publish):
+            await self._publish(effect.events)
+        elif isinstance(effect, Reply):
+            if peer is not None:
+                peer.reply(effect.message)
+        elif isinstance(effect, Remember):
+            await self._remember(list(effect.entries))
+        elif isinstance(effect, RememberPartial):
+            partial = "".join(self._parts)
+            self._parts = []
+            if partial:
+                await self._remember([history.assistant_entry(state.run_id, partial, True)])
+        elif isinstance(effect, CallModel):
+            self._model_task = self._spawn(self._model_call(state))
+        elif isinstance(effect, RunServerTool):
+            self._tool_task = self._spawn(self._server_tool(effect))
+        elif isinstance(effect, StopWork):
+            self._stop_children(renewal=False)
+        elif isinstance(effect, ArmTimer):
+            self._disarm(effect.key)
+            self._timers[effect.key] = asyncio.get_running_loop().call_later(
+                effect.delay_s, self._timer_fired, effect.key)
+        elif isinstance(effect, DisarmTimer):
+            self._disarm(effect.key)
+        elif isinstance(effect, Checkpoint):
+            await self._checkpoint()
+        elif isinstance(effect, Release):
+            await self._release(effect)
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> "asyncio.Task[None]":
+        assert self._group is not None
+        return self._group.create_task(self._guarded(coroutine))
+
+    async def _guarded(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """A child never takes the task group down: a bug in it ends the run instead."""
+        try:
+            await coroutine
+        except Exception:
+            ref = new_ref()
+            logger.exception("run task failed (ref %s)", ref, extra=self.log_extra)
+            self.feed(Crashed(ref))
+
+    def _stop_children(self, renewal: bool) -> None:
+        for task in (self._model_task, self._tool_task, self._renewal if renewal else None):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+
+    def _disarm(self, key: str) -> None:
+        keys = list(self._timers) if key == "*" else [key]
+        for name in keys:
+            handle = self._timers.pop(name, None)
+            if handle is not None:
+                handle.cancel()
+
+    def _timer_fired(self, key: str) -> None:
+        self._timers.pop(key, None)
+        if key == "grace" and self.env.registry.remote:
+            self._spawn(self._confirm_gone())  # the executor may be on another instance
+            return
+        self.feed(TimerFired(key))
+
+    async def _confirm_gone(self) -> None:
+        state = self.state
+        try:
+            elsewhere = await self.env.registry.is_present(state.document_id, state.user_id,
+                                                           state.client_id)
+        except BackendUnavailable:
+            elsewhere = True  # do not end a run because the backend blinked
+        if elsewhere and not self.state.finished:
+            self._timers["grace"] = asyncio.get_running_loop().call_later(
+                self.env.settings.client_grace_s, self._timer_fired, "grace")
+        else:
+            self.feed(TimerFired("grace"))
+
+    async def _remember(self, entries: list[dict[str, Any]]) -> None:
+        try:
+            await self.env.registry.append_history(self.state.document_id, entries)
+        except BackendUnavailable:
+            logger.warning("history entries lost: backend unavailable", extra=self.log_extra)
+
+    async def _checkpoint(self) -> None:
+        registry = self.env.registry
+        if not registry.remote:
+            return  # one process: nobody else reads the record
+        try:
+            held = await registry.renew_run(self.state.document_id,
+                                            self.state.to_record(self.env.instance_id),
+                                            self.env.settings.run_lease_s)
+        except BackendUnavailable:
+            return  # the renewal loop keeps trying
+        if not held:
+            self.feed(LeaseLost())
+
+    async def _release(self, effect: Release) -> None:
+        state, registry = self.state, self.env.registry
+        self.env.metrics.runs.labels(effect.status).inc()
+        record = {"status": state.status, "user_id": state.user_id, "client_id": state.client_id}
+        deadline = time.monotonic() + self.env.settings.run_lease_s / 2
+        while True:
+            try:
+                await registry.put_run_record(state.document_id, state.run_id, record)
+                await registry.release_run(state.document_id, state.run_id)
+                self._released = True
+                return
+            except BackendUnavailable:
+                if time.monotonic() > deadline:
+                    logger.error("could not free the document: backend unavailable",
+                                 extra=self.log_extra)
+                    self._released = True  # the lease lapses; a survivor cleans up
+                    return
+                await asyncio.sleep(0.1)
+
+    async def _renew(self) -> None:
+        interval = self.env.settings.run_lease_s / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                held = await self.env.registry.renew_run(
+                    self.state.document_id, self.state.to_record(self.env.instance_id),
+                    self.env.settings.run_lease_s)
+            except BackendUnavailable:
+                continue  # keep trying; the lease still runs
+            if not held:
+                logger.warning("run lost its lease; another instance ended it",
+                               extra=self.log_extra)
+                self.feed(LeaseLost())
+                return
+
+    # -- children: the model and server tools --------------------------------------
+    async def _model_call(self, state: RunState) -> None:
+        request = ModelRequest(
+            messages=list(state.messages), tools=[] if state.json_tools else self._openai_tools(),
+            model=state.model, run_id=state.run_id, step=state.step - 1, prompt=state.prompt,
+            context=state.context, client_tools=list(state.client_tools),
+            tool_results=list(state.tool_results))
+        parts = self._parts = []
+        usage: dict[str, int] = {}
+        calls: list[ToolCallRequest] = []
+        started = time.perf_counter()
+        try:
+            async for chunk in self.env.llm.stream(request):
+                if isinstance(chunk, TextChunk):
+                    if chunk.text:
+                        parts.append(chunk.text)
+                        if not state.json_tools and state.message_id is not None:
+                            await self.log.publish_delta(state.run_id, state.message_id,
+                                                         chunk.text)
+                elif isinstance(chunk, ToolCallRequest):
+                    calls.append(chunk)
+                elif isinstance(chunk, UsageChunk):
+                    for key, value in chunk.usage.items():
+                        usage[key] = usage.get(key, 0) + value
+        except ModelError as exc:
+            logger.warning("model call failed: status=%s kind=%s latency_ms=%.0f: %s",
+                           exc.status, exc.kind, (time.perf_counter() - started) * 1000, exc,
+                           extra=self.log_extra)
+            self.feed(ModelFailed(RunError(code="upstream_error", message=exc.public,
+                                           details=exc.details)))
+            return
+        except Exception:
+            ref = new_ref()
+            logger.exception("model call failed (ref %s)", ref, extra=self.log_extra)
+            self.feed(Crashed(ref))
+            return
+        text, used = "".join(parts), tuple(sorted(usage.items()))
+        if not state.json_tools:
+            self.feed(ModelFinished(text, tuple(self._check(c) for c in calls), used,
+                                    at_ms=now_ms()))
+            return
+        answer = json_format.parse_answer(text)
+        if isinstance(answer, str):
+            self.feed(ModelUnparseable(text, answer, used))
+            return
+        checked = (self._check(answer.call),) if answer.call else ()
+        self.feed(ModelFinished(answer.message, checked, used, assistant_content=text,
+                                terminate=answer.terminate, at_ms=now_ms()))
+
+    def _openai_tools(self) -> list[dict[str, Any]]:
+        return self.toolbox.openai_tools() if self.state.mode == "agent" else []
+
+    def _check(self, call: ToolCallRequest) -> ModelCall:
+        checked = self.toolbox.check(call.name, call.arguments)
+        if isinstance(checked, str):
+            return ModelCall(call.call_id, call.name, call.arguments, problem=checked)
+        return ModelCall(call.call_id, call.name, call.arguments, checked.arguments,
+                         checked.executor, checked.requires_approval)
+
+    async def _server_tool(self, effect: RunServerTool) -> None:
+        timeout_s = self.env.settings.server_tool_timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                output = await self.toolbox.run_server_tool(effect.name, effect.arguments)
+            orjson.dumps(output)
+            outcome = ToolOutcome("ok", output=output)
+        except TimeoutError:
+            outcome = ToolOutcome("error", error={
+                "message": f"{effect.name} took longer than {timeout_s:g} s",
+                "code": "server_tool_timeout"})
+        except Exception:
+            ref = new_ref()
+            logger.exception("server tool %s failed (ref %s)", effect.name, ref,
+                             extra=self.log_extra)
+            outcome = ToolOutcome("error", error={"message": f"tool failed (ref {ref})"})
+        self.feed(ServerToolFinished(effect.call_id, outcome))
+
+
+class _PublishFailed(Exception):
+    def __init__(self, ref: str, why: str, cause: Exception) -> None:
+        super().__init__(why)
+        self.ref, self.why, self.cause = ref, why, cause
+

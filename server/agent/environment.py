@@ -1,0 +1,32 @@
+"""What every run of an instance shares: ports, the model, the machine, settings.
+
+Built once per app (`server/app.py`) and handed to each document's run
+coordinator, so the run engine depends on these Protocols and values rather
+than on the app's other modules.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from server.agent.llm import LLM
+from server.agent.machine import RunMachine
+from server.agent.tools import ServerTool
+from server.observability import Metrics
+from server.ports import ClusterLink, RunRegistry
+from server.settings import Settings
+
+
+@dataclass
+class RunEnvironment:
+    settings: Settings
+    registry: RunRegistry
+    cluster: ClusterLink
+    llm: LLM
+    machine: RunMachine
+    metrics: Metrics
+    instance_id: str
+    server_tools: Sequence[ServerTool] = ()
+
+    @property
+    def allowed_models(self) -> frozenset[str]:
+        return frozenset(self.settings.allowed_models or [self.settings.model])

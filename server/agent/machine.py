@@ -1,0 +1,452 @@
+"""The whole life of one run as a pure state machine.
+
+`RunMachine.decide(state, input)` returns a `Decision`: the next `RunState`
+and the effects that make it true (events to log, replies, a model call, a
+server tool, timers, a checkpoint, the release of the document). There is no
+asyncio, no socket and no backend here; `driver.py` executes the effects.
+The shape follows python-websockets' sans-I/O `protocol.py` (state in,
+events out) and openai-agents' explicit next step after each model turn.
+
+Rules that hold for every transition (tests/test_machine_properties.py
+checks them after every step of random interleavings):
+- a run ends in exactly one place, `_finish`, which logs the one `run.finished`;
+- nothing leaves `finished`: late inputs only get `run_not_active` replies;
+- a run waits on at most one call at a time, and every call it announced ends
+  with one `tool.done` (answered, timed out, or cancelled by the ending);
+- calls run one at a time, in the order the model asked for them.
+"""
+
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from protocol.codes import ErrorCode
+from protocol.server import (
+    Ack,
+    ApprovalRequested,
+    ApprovalResolved,
+    DurableServerEvent,
+    Error,
+    MessageDelta,
+    MessageDone,
+    RunError,
+    RunFinished,
+    RunStarted,
+    RunStatus,
+    ToolCall,
+    ToolDone,
+)
+from server.agent import history
+from server.agent.run_state import Ending, ModelCall, PendingCall, RunState, ToolOutcome
+from server.agent.steps import (
+    ApprovalAnswer,
+    ArmTimer,
+    Begin,
+    CallModel,
+    Cancel,
+    Checkpoint,
+    ClientToolResult,
+    Crashed,
+    Decision,
+    DisarmTimer,
+    Effect,
+    End,
+    ExecutorPresence,
+    Input,
+    LeaseLost,
+    ModelFailed,
+    ModelFinished,
+    ModelUnparseable,
+    Publish,
+    Release,
+    Remember,
+    RememberPartial,
+    Reply,
+    RunServerTool,
+    ServerToolFinished,
+    StopWork,
+    TimerFired,
+)
+from server.auth import CallGrant
+
+MAX_PARSE_RETRIES = 3
+
+
+class Signer(Protocol):
+    """Per-call tokens: pure functions of a key (server.auth.Authenticator)."""
+
+    def issue_call_token(self, grant: CallGrant) -> str: ...
+
+    def check_call_token(self, token: str, expected: CallGrant, now_ms: int) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class MachineConfig:
+    signer: Signer
+    tool_timeout_s: float
+    approval_timeout_s: float
+    run_timeout_s: float
+    client_grace_s: float
+
+
+class _Out:
+    """Effects of one transition; consecutive events share one `Publish`."""
+
+    def __init__(self) -> None:
+        self.effects: list[Effect] = []
+
+    def publish(self, *events: DurableServerEvent) -> None:
+        last = self.effects[-1] if self.effects else None
+        if isinstance(last, Publish):
+            self.effects[-1] = Publish(last.events + events)
+        else:
+            self.effects.append(Publish(events))
+
+    def do(self, *effects: Effect) -> None:
+        self.effects.extend(effects)
+
+
+def _error(code: ErrorCode, message: str, reply_to: str | None, run_id: str,
+           details: Any = None) -> Reply:
+    return Reply(Error(code=code, message=message, reply_to=reply_to, run_id=run_id,
+                       details=details))
+
+
+class RunMachine:
+    def __init__(self, config: MachineConfig) -> None:
+        self.config = config
+
+    def decide(self, state: RunState, event: Input) -> Decision:
+        if state.finished:
+            return self._after_end(state, event)
+        out = _Out()
+        refusable = isinstance(event, (Begin, ClientToolResult, ApprovalAnswer))
+        if isinstance(event, Begin):
+            state = self._begin(state, event, out)
+        elif isinstance(event, ModelFinished):
+            state = self._model_finished(state, event, out)
+        elif isinstance(event, ModelUnparseable):
+            state = self._unparseable(state, event, out)
+        elif isinstance(event, ModelFailed):
+            state = self._finish(state, out, Ending("failed", "upstream_error", event.error))
+        elif isinstance(event, ClientToolResult):
+            state = self._client_result(state, event, out)
+        elif isinstance(event, ServerToolFinished):
+            state = self._server_finished(state, event, out)
+        elif isinstance(event, ApprovalAnswer):
+            state = self._approval(state, event, out)
+        elif isinstance(event, Cancel):
+            state = self._cancel(state, event, out)
+        elif isinstance(event, End):
+            state = self._finish(state, out, Ending(event.status, event.reason))
+        elif isinstance(event, TimerFired):
+            state = self._timer(state, event, out)
+        elif isinstance(event, ExecutorPresence):
+            state = self._presence(state, event, out)
+        elif isinstance(event, LeaseLost):
+            out.do(StopWork(), DisarmTimer("*"))
+            state = replace(state, phase="finished", status="aborted", current=None, queue=(),
+                            ending=Ending("aborted", "server_lost"))
+        elif isinstance(event, Crashed):
+            state = self._finish(state, out, Ending("failed", "internal_error", RunError(
+                code=ErrorCode.INTERNAL.value, message=f"internal error (ref {event.ref})")))
+        reply_to = getattr(event, "reply_to", None)
+        return Decision(state, tuple(out.effects), refusable=refusable, reply_to=reply_to)
+
+    # -- start and model turns ----------------------------------------------------
+    def _begin(self, state: RunState, event: Begin, out: _Out) -> RunState:
+        if state.phase != "new":
+            return state
+        out.publish(RunStarted(run_id=state.run_id, mode=state.mode, user_id=state.user_id,
+                               client_id=state.client_id, prompt=state.prompt))
+        out.do(Reply(Ack(reply_to=event.reply_to, run_id=state.run_id, status="running")),
+               Remember((history.prompt_entry(state.run_id, state.prompt),)),
+               ArmTimer("run", self.config.run_timeout_s))
+        return self._call_model(state, out)
+
+    def _call_model(self, state: RunState, out: _Out) -> RunState:
+        step = state.step + 1
+        out.do(CallModel())
+        return replace(state, phase="model", status="running", step=step,
+                       message_id=f"{state.run_id}:m{step}")
+
+    def _model_finished(self, state: RunState, event: ModelFinished, out: _Out) -> RunState:
+        if state.phase != "model":
+            return state
+        state = state.add_usage(dict(event.usage))
+        if event.text and state.message_id is not None:
+            if state.json_tools:  # not streamed: the answer's message is one delta
+                out.publish(MessageDelta(run_id=state.run_id, message_id=state.message_id,
+                                         delta=event.text))
+            out.publish(MessageDone(run_id=state.run_id, message_id=state.message_id,
+                                    text=event.text))
+            out.do(Remember((history.assistant_entry(state.run_id, event.text),)))
+        if state.mode == "chat" or not event.calls:
+            return self._finish(state, out, Ending("completed"))
+        if state.step >= state.max_steps:
+            return self._finish(state, out, Ending("failed", "max_steps", RunError(
+                code="max_steps",
+                message=f"the model still asked for tools after {state.max_steps} model calls")))
+        calls = self._unique_ids(state, event.calls)
+        if state.json_tools:
+            said: dict[str, Any] = {"role": "assistant",
+                                    "content": event.assistant_content or event.text}
+        else:
+            said = {"role": "assistant", "content": event.text or None, "tool_calls": [
+                {"id": call.call_id, "type": "function",
+                 "function": {"name": call.name, "arguments": call.raw_arguments}}
+                for call in calls]}
+        state = replace(state, phase="tools", queue=calls, messages=(*state.messages, said),
+                        terminate_after_tools=event.terminate,
+                        call_ids=state.call_ids | {c.call_id for c in calls})
+        return self._advance(state, out, event.at_ms)
+
+    def _unique_ids(self, state: RunState, calls: tuple[ModelCall, ...]) -> tuple[ModelCall, ...]:
+        """The model's call ids when usable; deterministic fresh ones when missing,
+        too long or reused (a call id names one call for the whole run)."""
+        seen = set(state.call_ids)
+        fixed = []
+        for index, call in enumerate(calls):
+            call_id = call.call_id
+            if not call_id or len(call_id) > 64 or call_id in seen:
+                call_id = f"call_s{state.step}_{index}"
+            seen.add(call_id)
+            fixed.append(call if call_id == call.call_id else replace(call, call_id=call_id))
+        return tuple(fixed)
+
+    def _unparseable(self, state: RunState, event: ModelUnparseable, out: _Out) -> RunState:
+        if state.phase != "model":
+            return state
+        state = replace(state.add_usage(dict(event.usage)),
+                        parse_failures=state.parse_failures + 1)
+        if state.parse_failures > MAX_PARSE_RETRIES:
+            return self._finish(state, out, Ending("failed", "invalid_model_output", RunError(
+                code="invalid_model_output",
+                message=f"the model's answer could not be parsed {state.parse_failures} times; "
+                        f"last problem: {event.problem}")))
+        if state.step >= state.max_steps:
+            return self._finish(state, out, Ending("failed", "max_steps"))
+        state = replace(state, messages=(*state.messages,
+                                         {"role": "assistant", "content": event.text},
+                                         {"role": "user", "content": event.problem}))
+        return self._call_model(state, out)
+
+    # -- tool calls, one at a time ------------------------------------------------
+    def _advance(self, state: RunState, out: _Out, at_ms: int) -> RunState:
+        """Start the next call of the turn, or call the model again when none is left."""
+        while state.queue:
+            call, rest = state.queue[0], state.queue[1:]
+            state = replace(state, queue=rest)
+            if call.problem is not None or call.arguments is None:
+                outcome = ToolOutcome("error", error={"message": call.problem or "invalid call",
+                                                      "code": "invalid_call"})
+                state = self._record(state, out, call.call_id, call.name, outcome)
+                continue
+            if call.requires_approval and call.name not in state.approved_names:
+                return self._open(state, out, PendingCall(
+                    call.call_id, call.name, call.arguments, "approval", call.executor,
+                    at_ms + int(self.config.approval_timeout_s * 1000)),
+                    ApprovalRequested(run_id=state.run_id, call_id=call.call_id, name=call.name,
+                                      arguments=call.arguments,
+                                      expires_at=at_ms + int(self.config.approval_timeout_s
+                                                             * 1000)),
+                    self.config.approval_timeout_s)
+            return self._dispatch(state, out, call.call_id, call.name, call.arguments,
+                                  call.executor, at_ms)
+        if state.terminate_after_tools:
+            return self._finish(state, out, Ending("completed"))
+        return self._call_model(state, out)
+
+    def _dispatch(self, state: RunState, out: _Out, call_id: str, name: str,
+                  arguments: dict[str, Any], executor: str, at_ms: int) -> RunState:
+        if executor == "server":
+            state = replace(state, current=PendingCall(call_id, name, arguments, "tool", "server",
+                                                       0), status="running")
+            out.do(Checkpoint())
+            out.publish(ToolCall(run_id=state.run_id, call_id=call_id, name=name,
+                                 arguments=arguments, executor="server"))
+            out.do(RunServerTool(call_id, name, arguments))
+            return state
+        expires_at = at_ms + int(self.config.tool_timeout_s * 1000)
+        token = self.config.signer.issue_call_token(state.grant(call_id, state.user_id,
+                                                                expires_at))
+        pending = PendingCall(call_id, name, arguments, "tool", "client", expires_at, token)
+        return self._open(state, out, pending, ToolCall(
+            run_id=state.run_id, call_id=call_id, name=name, arguments=arguments,
+            executor="client", client_id=state.client_id, token=token, expires_at=expires_at),
+            self.config.tool_timeout_s)
+
+    def _open(self, state: RunState, out: _Out, pending: PendingCall,
+              announcement: DurableServerEvent, timeout_s: float) -> RunState:
+        """Wait on `pending`: recorded (checkpoint) before it is announced."""
+        status: RunStatus = "waiting_approval" if pending.kind == "approval" else "waiting_tool"
+        state = replace(state, current=pending, status=status)
+        out.do(Checkpoint())
+        out.publish(announcement)
+        out.do(ArmTimer(pending.timer, timeout_s))
+        if not state.executor_present:
+            out.do(ArmTimer("grace", self.config.client_grace_s))
+        return state
+
+    def _close(self, state: RunState, out: _Out, pending: PendingCall) -> RunState:
+        out.do(DisarmTimer(pending.timer), DisarmTimer("grace"))
+        return replace(state, current=None, status="running")
+
+    def _record(self, state: RunState, out: _Out, call_id: str, name: str,
+                outcome: ToolOutcome) -> RunState:
+        """The model will read this outcome; the history keeps it."""
+        content = outcome.for_model()
+        message: dict[str, Any] = (
+            {"role": "user", "content": f"Result of tool {name}: {content}"} if state.json_tools
+            else {"role": "tool", "tool_call_id": call_id, "content": content})
+        out.do(Remember((history.tool_entry(state.run_id, call_id, name, content),)))
+        return replace(state, messages=(*state.messages, message), tool_results=(
+            *state.tool_results, {"name": name, "status": outcome.status,
+                                  "output": outcome.output}))
+
+    def _client_result(self, state: RunState, event: ClientToolResult, out: _Out) -> RunState:
+        signer, current = self.config.signer, state.current
+        if current is None or current.call_id != event.call_id or current.kind != "tool" \
+                or current.executor != "client":
+            if event.call_id in state.completed_calls:
+                grant = state.grant(event.call_id, event.user_id, 0)
+                problem = signer.check_call_token(event.token, grant, 0)
+                out.do(Reply(Ack(reply_to=event.reply_to, run_id=state.run_id,
+                                 call_id=event.call_id, duplicate=True)) if problem is None
+                       else _error(ErrorCode.INVALID_TOKEN, problem, event.reply_to,
+                                   state.run_id))
+            else:
+                out.do(_error(ErrorCode.CALL_NOT_PENDING, f"call {event.call_id!r} is not pending",
+                              event.reply_to, state.run_id))
+            return state
+        problem = signer.check_call_token(
+            event.token, state.grant(current.call_id, event.user_id, 0), event.at_ms)
+        if problem is not None:
+            out.do(_error(ErrorCode.INVALID_TOKEN, problem, event.reply_to, state.run_id))
+            return state
+        outcome = event.outcome
+        state = replace(self._close(state, out, current),
+                        completed_calls=state.completed_calls | {current.call_id})
+        out.publish(ToolDone(run_id=state.run_id, call_id=current.call_id, status=outcome.status,
+                             output=outcome.output, error=outcome.error))
+        out.do(Reply(Ack(reply_to=event.reply_to, run_id=state.run_id, call_id=current.call_id,
+                         status="accepted")), Checkpoint())
+        state = self._record(state, out, current.call_id, current.name, outcome)
+        return self._advance(state, out, event.at_ms)
+
+    def _server_finished(self, state: RunState, event: ServerToolFinished, out: _Out
+                         ) -> RunState:
+        current = state.current
+        if current is None or current.call_id != event.call_id or current.executor != "server" \
+                or current.kind != "tool":
+            return state
+        outcome = event.outcome
+        state = replace(state, current=None, status="running")
+        out.publish(ToolDone(run_id=state.run_id, call_id=current.call_id, status=outcome.status,
+                             output=outcome.output, error=outcome.error))
+        out.do(Checkpoint())
+        state = self._record(state, out, current.call_id, current.name, outcome)
+        return self._advance(state, out, 0)
+
+    def _approval(self, state: RunState, event: ApprovalAnswer, out: _Out) -> RunState:
+        if event.user_id != state.user_id:
+            out.do(_error(ErrorCode.FORBIDDEN, "only the run's user may answer its approvals",
+                          event.reply_to, state.run_id))
+            return state
+        current = state.current
+        if current is None or current.kind != "approval" or current.call_id != event.call_id:
+            out.do(_error(ErrorCode.CALL_NOT_PENDING, f"no approval {event.call_id!r} is pending",
+                          event.reply_to, state.run_id))
+            return state
+        if event.decision == "approve" and event.problem is not None:
+            out.do(_error(ErrorCode.INVALID_MESSAGE, event.problem, event.reply_to, state.run_id,
+                          details=[{"loc": ["arguments"], "msg": event.problem}]))
+            return state
+        state = self._close(state, out, current)
+        out.publish(ApprovalResolved(run_id=state.run_id, call_id=current.call_id,
+                                     decision=event.decision, user_id=event.user_id))
+        ack = Reply(Ack(reply_to=event.reply_to, run_id=state.run_id, call_id=current.call_id,
+                        status=event.decision))
+        if event.decision == "approve":
+            if event.scope == "run":
+                state = replace(state, approved_names=state.approved_names | {current.name})
+            state = self._dispatch(state, out, current.call_id, current.name,
+                                   event.arguments or current.arguments, current.executor,
+                                   event.at_ms)
+            out.do(ack)
+            return state
+        error: dict[str, Any] = {"message": "rejected by the user"}
+        if event.reason:
+            error["reason"] = event.reason
+        out.publish(ToolDone(run_id=state.run_id, call_id=current.call_id, status="rejected",
+                             error=error))
+        out.do(ack, Checkpoint())
+        state = self._record(state, out, current.call_id, current.name,
+                             ToolOutcome("rejected", error=error))
+        return self._advance(state, out, event.at_ms)
+
+    # -- endings ------------------------------------------------------------------
+    def _cancel(self, state: RunState, event: Cancel, out: _Out) -> RunState:
+        if event.user_id != state.user_id:
+            out.do(_error(ErrorCode.FORBIDDEN, "only the run's user may cancel it",
+                          event.reply_to, state.run_id))
+            return state
+        state = self._finish(state, out, Ending("cancelled", "user_cancelled"))
+        out.do(Reply(Ack(reply_to=event.reply_to, run_id=state.run_id, status="cancelled")))
+        return state
+
+    def _timer(self, state: RunState, event: TimerFired, out: _Out) -> RunState:
+        current = state.current
+        if event.key == "run":
+            return self._finish(state, out, Ending("timed_out", "run_timeout"))
+        if event.key == "grace":
+            if state.waiting_on_executor and not state.executor_present:
+                return self._finish(state, out, Ending("aborted", "client_gone"))
+            return state
+        if current is None or event.key != current.timer:
+            return state  # a timer of a call that already ended
+        if current.kind == "approval":
+            error: dict[str, Any] = {"message": "the approval timed out",
+                                     "code": "approval_timeout"}
+        else:
+            error = {"message": f"no result within {self.config.tool_timeout_s:g} s",
+                     "code": "tool_timeout"}
+        out.publish(ToolDone(run_id=state.run_id, call_id=current.call_id, status="timeout",
+                             error=error))
+        state = replace(state, current=None)
+        return self._finish(state, out, Ending("timed_out", str(error["code"])))
+
+    def _presence(self, state: RunState, event: ExecutorPresence, out: _Out) -> RunState:
+        if event.present == state.executor_present:
+            return state
+        if event.present:
+            out.do(DisarmTimer("grace"))
+        elif state.waiting_on_executor:
+            out.do(ArmTimer("grace", self.config.client_grace_s))
+        return replace(state, executor_present=event.present)
+
+    def _finish(self, state: RunState, out: _Out, ending: Ending) -> RunState:
+        """The one place a run ends: cancel what is in flight, settle the pending call,
+        keep interrupted text, log `run.finished`, free the document."""
+        out.do(StopWork(), DisarmTimer("*"))
+        if ending.status != "completed":
+            out.do(RememberPartial(ending.reason or ending.status))
+        current = state.current
+        if current is not None:
+            note = f"run {ending.status}: {ending.reason or ''}".strip(": ")
+            out.publish(ToolDone(run_id=state.run_id, call_id=current.call_id,
+                                 status="cancelled", error={"message": note}))
+        out.publish(RunFinished(run_id=state.run_id, status=ending.status, reason=ending.reason,
+                                error=ending.error, steps=state.step,
+                                usage=state.usage_dict() or None))
+        out.do(Release(ending.status))
+        return replace(state, phase="finished", status=ending.status, current=None, queue=(),
+                       ending=ending)
+
+    def _after_end(self, state: RunState, event: Input) -> Decision:
+        """Nothing leaves `finished`; messages about the run learn that it is over."""
+        if isinstance(event, (ClientToolResult, ApprovalAnswer, Cancel)):
+            return Decision(state, (_error(ErrorCode.RUN_NOT_ACTIVE,
+                                           f"run {state.run_id!r} has finished",
+                                           event.reply_to, state.run_id),),
+                            reply_to=event.reply_to)
+        return Decision(state)

@@ -1,0 +1,177 @@
+"""The state of one run, as plain frozen values.
+
+`RunMachine` (machine.py) turns a `RunState` and an input into a new
+`RunState` and effects; nothing here awaits or mutates. Keeping the state
+immutable is what makes a transition atomic with what it announces: the
+driver keeps the old value until the transition's events are logged, and a
+failed publish simply leaves the old state in force (the input can be
+retried). Every field is JSON-friendly so the state can be written to a
+shared store as the run's record (`to_record`).
+"""
+
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import orjson
+
+from protocol.client import RunContext, ToolSpec
+from protocol.server import FinishedStatus, PendingItem, RunError, RunSnapshot, RunStatus
+from server.auth import CallGrant
+
+Phase = Literal["new", "model", "tools", "finished"]
+TERMINAL: frozenset[str] = frozenset({"completed", "cancelled", "aborted", "failed", "timed_out"})
+# Status order for the "only moves forward" rule: active statuses are peers, terminal ones last.
+STATUS_RANK = {"running": 0, "waiting_tool": 0, "waiting_approval": 0,
+               **{status: 1 for status in TERMINAL}}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    status: Literal["ok", "error", "rejected", "timeout", "cancelled"]
+    output: Any = None
+    error: dict[str, Any] | None = None
+
+    def for_model(self) -> str:
+        """What the model reads as the tool message (never raises)."""
+        if self.status == "ok":
+            body: Any = self.output
+        elif self.status == "rejected":
+            body = {"error": "rejected by the user", **(self.error or {})}
+        else:
+            body = {"error": self.error or {"message": self.status}}
+        try:
+            return orjson.dumps(body).decode()
+        except (TypeError, ValueError):
+            return '{"error": {"message": "the tool output could not be encoded"}}'
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCall:
+    """A tool call the model asked for, checked by the driver against the run's tools."""
+
+    call_id: str
+    name: str
+    raw_arguments: str
+    arguments: dict[str, Any] | None = None  # None when `problem` says why the call is invalid
+    executor: Literal["client", "server"] = "client"
+    requires_approval: bool = False
+    problem: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PendingCall:
+    """The one call a run waits on: an approval, a client tool or a server tool."""
+
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+    kind: Literal["tool", "approval"]
+    executor: Literal["client", "server"]
+    expires_at: int
+    token: str | None = None
+
+    def item(self, include_token: bool) -> PendingItem:
+        return PendingItem(kind=self.kind, call_id=self.call_id, name=self.name,
+                           arguments=self.arguments, expires_at=self.expires_at,
+                           token=self.token if include_token else None)
+
+    @property
+    def timer(self) -> str:
+        return f"call:{self.call_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    status: FinishedStatus
+    reason: str | None = None
+    error: RunError | None = None
+
+
+@dataclass(frozen=True)
+class RunState:
+    run_id: str
+    document_id: str
+    mode: Literal["agent", "chat"]
+    user_id: str
+    client_id: str
+    prompt: str
+    model: str
+    max_steps: int
+    json_tools: bool = False  # COWRITE_TOOL_FORMAT=json: answers are parsed, not streamed
+    context: RunContext | None = None
+    client_tools: tuple[ToolSpec, ...] = ()
+    phase: Phase = "new"
+    status: RunStatus = "running"
+    step: int = 0
+    message_id: str | None = None
+    messages: tuple[dict[str, Any], ...] = ()  # the model's context so far
+    queue: tuple[ModelCall, ...] = ()  # calls of the current turn not yet run
+    terminate_after_tools: bool = False
+    current: PendingCall | None = None
+    call_ids: frozenset[str] = frozenset()  # every call id the run has used
+    completed_calls: frozenset[str] = frozenset()  # client calls whose result was accepted
+    approved_names: frozenset[str] = frozenset()
+    tool_results: tuple[dict[str, Any], ...] = ()
+    parse_failures: int = 0
+    usage: tuple[tuple[str, int], ...] = ()
+    executor_present: bool = True
+    ending: Ending | None = None
+
+    # -- derived views --------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.phase == "finished"
+
+    @property
+    def waiting_on_executor(self) -> bool:
+        """The run cannot go on without its executor (a client call or an approval)."""
+        current = self.current
+        return current is not None and (current.kind == "approval" or current.executor == "client")
+
+    def usage_dict(self) -> dict[str, int]:
+        return dict(self.usage)
+
+    def add_usage(self, usage: dict[str, int]) -> "RunState":
+        if not usage:
+            return self
+        totals = dict(self.usage)
+        for key, value in usage.items():
+            if isinstance(value, int):
+                totals[key] = totals.get(key, 0) + value
+        return replace(self, usage=tuple(sorted(totals.items())))
+
+    def grant(self, call_id: str, user_id: str, expires_at: int) -> CallGrant:
+        return CallGrant(self.run_id, call_id, user_id, self.document_id, expires_at)
+
+    def snapshot(self, for_user: str | None) -> RunSnapshot:
+        include_token = for_user == self.user_id
+        pending = [self.current.item(include_token)] if self.waiting_on_executor and \
+            self.current is not None else []
+        return RunSnapshot(run_id=self.run_id, status=self.status, mode=self.mode,
+                           user_id=self.user_id, client_id=self.client_id, step=self.step,
+                           pending=pending)
+
+    def to_record(self, owner: str) -> dict[str, Any]:
+        """What other instances know of a live run: its snapshot and its owner."""
+        return {**self.snapshot(self.user_id).to_wire(), "owner": owner}
+
+
+def orphan_state(document_id: str, record: dict[str, Any]) -> RunState:
+    """A run known only by its shared record (its owner is gone): enough state for
+    the machine to end it with the right `tool.done` and `run.finished`."""
+    pending = [item for item in record.get("pending") or () if isinstance(item, dict)]
+    current = None
+    if pending:
+        item = pending[0]
+        current = PendingCall(str(item["call_id"]), str(item.get("name", "")),
+                              dict(item.get("arguments") or {}),
+                              "approval" if item.get("kind") == "approval" else "tool",
+                              "client", int(item.get("expires_at", 0)), item.get("token"))
+    status = str(record.get("status", "running"))
+    return RunState(
+        run_id=str(record["run_id"]), document_id=document_id,
+        mode="chat" if record.get("mode") == "chat" else "agent",
+        user_id=str(record.get("user_id", "")), client_id=str(record.get("client_id", "")),
+        prompt="", model="", max_steps=0, phase="tools" if current else "model",
+        status=status if status in STATUS_RANK and status not in TERMINAL else "running",  # type: ignore[arg-type]
+        step=int(record.get("step", 0)), current=current)

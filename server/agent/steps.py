@@ -1,0 +1,204 @@
+"""What goes into the run machine (inputs) and what comes out (effects).
+
+Inputs are facts: the model finished a turn, a client sent a result, a timer
+fired. Effects are requests to the driver: log these events, answer the
+sender, call the model, run a server tool, arm a timer, share the record,
+free the document. Both are plain frozen values, so the machine can be
+driven by a test exactly as by the driver, with no event loop.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from protocol.base import WireModel
+from protocol.server import DurableServerEvent, FinishedStatus, RunError
+from server.agent.run_state import ModelCall, RunState, ToolOutcome
+
+
+# -- inputs -----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Begin:
+    """The run was admitted and holds the document: announce it, call the model."""
+
+    at_ms: int
+    reply_to: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFinished:
+    """A model turn ended. `text` is what the user saw (streamed unless json_tools)."""
+
+    text: str
+    calls: tuple[ModelCall, ...] = ()
+    usage: tuple[tuple[str, int], ...] = ()
+    assistant_content: str | None = None  # json_tools: the raw answer the model wrote
+    terminate: bool = False  # json_tools: the model said it is done after its call
+    at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelUnparseable:
+    """json_tools: the model's answer was not the JSON asked for."""
+
+    text: str
+    problem: str
+    usage: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFailed:
+    error: RunError
+
+
+@dataclass(frozen=True, slots=True)
+class ClientToolResult:
+    call_id: str
+    token: str
+    outcome: ToolOutcome
+    user_id: str
+    at_ms: int
+    reply_to: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerToolFinished:
+    call_id: str
+    outcome: ToolOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalAnswer:
+    call_id: str
+    user_id: str
+    decision: Literal["approve", "reject"]
+    scope: Literal["call", "run"] = "call"
+    arguments: dict[str, Any] | None = None  # edited arguments, already validated
+    problem: str | None = None  # why the edited arguments are invalid
+    reason: str | None = None
+    at_ms: int = 0
+    reply_to: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    user_id: str
+    reply_to: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    """An ending decided outside the run: user edit, supersede, shutdown, owner lost."""
+
+    status: FinishedStatus
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TimerFired:
+    key: str  # "run", "grace" or "call:<call_id>"
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorPresence:
+    present: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseLost:
+    """Another instance ended this run (its lease lapsed): stop without a word."""
+
+
+@dataclass(frozen=True, slots=True)
+class Crashed:
+    """Something failed that the run cannot recover from (a bug, an unloggable event)."""
+
+    ref: str
+
+
+Input = (Begin | ModelFinished | ModelUnparseable | ModelFailed | ClientToolResult
+         | ServerToolFinished | ApprovalAnswer | Cancel | End | TimerFired | ExecutorPresence
+         | LeaseLost | Crashed)
+
+
+# -- effects ----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """Log these durable events, in order."""
+
+    events: tuple[DurableServerEvent, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Answer the sender of the input (an `ack` or an `error`)."""
+
+    message: WireModel
+
+
+@dataclass(frozen=True, slots=True)
+class Remember:
+    """Append conversation history entries."""
+
+    entries: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RememberPartial:
+    """Keep the text the current message streamed so far, marked interrupted."""
+
+    interrupted_by: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallModel:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class RunServerTool:
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class StopWork:
+    """Cancel the model call and any server tool in flight."""
+
+
+@dataclass(frozen=True, slots=True)
+class ArmTimer:
+    key: str
+    delay_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class DisarmTimer:
+    key: str  # "*" disarms every timer
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """Share the run's state (pending calls, status) with other instances."""
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """The run is over and its end is logged: free the document."""
+
+    status: FinishedStatus
+
+
+Effect = (Publish | Reply | Remember | RememberPartial | CallModel | RunServerTool | StopWork
+          | ArmTimer | DisarmTimer | Checkpoint | Release)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The new state and what to do. When `refusable`, the state is committed only if
+    the first `Publish` succeeds; otherwise the sender gets an error and nothing changed."""
+
+    state: RunState
+    effects: tuple[Effect, ...] = ()
+    refusable: bool = False
+    reply_to: str | None = None

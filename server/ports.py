@@ -1,0 +1,92 @@
+"""The seams between the document session, the run engine and the outside.
+
+Each Protocol names one concern (centrifuge's broker/presence split rather
+than one big interface), so modules depend on what they use and never on
+each other: the session knows a `RunHandler`, the run engine knows an
+`EventLog`, a `RunRegistry`, a `ClusterLink` and a `Presence`. The memory
+and Redis backends implement the registry and presence parts of `Backend`;
+the session implements `EventLog`; `server.agent.remote.RunRouter` is the
+cluster link.
+"""
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from protocol.base import WireModel
+from protocol.client import ClientMessage
+from protocol.server import DurableServerEvent, FinishedStatus, RunSnapshot
+from server.connection import Peer
+
+
+class EventLog(Protocol):
+    """The document's durable event log, as a run publishes to it."""
+
+    async def publish_many(self, events: Sequence[DurableServerEvent]) -> None:
+        """Log `events` in order. Raises `BackendUnavailable` or `UnloggableEvent`
+        when the first event could not be logged (then none was)."""
+        ...
+
+    async def publish_delta(self, run_id: str, message_id: str, delta: str) -> None: ...
+
+
+class RunRegistry(Protocol):
+    """Which run holds a document, shared by every instance; run records; history."""
+
+    remote: bool
+
+    async def claim_run(self, document_id: str, record: dict[str, Any], lease_s: float
+                        ) -> dict[str, Any] | None: ...
+
+    async def renew_run(self, document_id: str, record: dict[str, Any], lease_s: float
+                        ) -> bool: ...
+
+    async def release_run(self, document_id: str, run_id: str) -> None: ...
+
+    async def active_run(self, document_id: str) -> dict[str, Any] | None: ...
+
+    async def put_run_record(self, document_id: str, run_id: str, record: dict[str, Any]
+                             ) -> None: ...
+
+    async def get_run_record(self, document_id: str, run_id: str) -> dict[str, Any] | None: ...
+
+    async def take_run_slot(self, user_id: str, per_minute: int) -> int: ...
+
+    async def append_history(self, document_id: str, entries: list[dict[str, Any]]) -> None: ...
+
+    async def read_history(self, document_id: str) -> list[dict[str, Any]]: ...
+
+    async def is_present(self, document_id: str, user_id: str, client_id: str) -> bool: ...
+
+
+class ClusterLink(Protocol):
+    """Messages to the instance that owns a run."""
+
+    async def forward(self, owner: str, peer: Peer, message: WireModel) -> None: ...
+
+    def post(self, instance_id: str, message: dict[str, Any]) -> None: ...
+
+
+class LocalPresence(Protocol):
+    """Whether a client of the document is connected to this instance."""
+
+    def has_client(self, user_id: str, client_id: str) -> bool: ...
+
+
+class RunHandler(Protocol):
+    """What a document session asks of its run engine."""
+
+    @property
+    def busy(self) -> bool: ...
+
+    async def handle(self, peer: Peer, message: ClientMessage, forwarded: bool = False
+                     ) -> None: ...
+
+    async def on_user_edit(self, peer: Peer, message: ClientMessage) -> None: ...
+
+    async def snapshot(self, for_user: str | None = None) -> RunSnapshot | None: ...
+
+    def presence_changed(self) -> None: ...
+
+    async def abort(self, run_id: str, status: FinishedStatus, reason: str) -> None: ...
+
+    async def shutdown(self) -> None: ...
