@@ -21,8 +21,9 @@ from protocol.server import Limits
 from server.agent.coordinator import RunCoordinator
 from server.agent.environment import RunEnvironment
 from server.agent.factory import make_llm
-from server.agent.machine import MachineConfig, RunMachine
+from server.agent.machine import RunMachine
 from server.agent.remote import RunRouter
+from server.agent.steps import MachineConfig
 from server.agent.tools import BUILTIN_SERVER_TOOLS
 from server.auth import Authenticator, AuthError
 from server.backends.base import Backend

@@ -23,7 +23,7 @@ from protocol.client import Approval, ClientMessage, RunCancel, RunStart, ToolRe
 from protocol.codes import ErrorCode
 from protocol.server import FinishedStatus, RunSnapshot
 from server.agent import json_format
-from server.agent.driver import RunDriver, now_ms
+from server.agent.driver import RunDriver
 from server.agent.environment import RunEnvironment
 from server.agent.history import model_messages
 from server.agent.run_state import RunState, ToolOutcome
@@ -37,6 +37,7 @@ from server.agent.steps import (
     Reply,
 )
 from server.agent.tools import ToolBox, check_tool_schemas
+from server.agent.work import now_ms
 from server.backends.base import BackendUnavailable
 from server.connection import Peer
 from server.ports import EventLog, LocalPresence

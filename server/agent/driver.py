@@ -21,19 +21,15 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from protocol.codes import ErrorCode
-from protocol.server import Error, RunError
-from server.agent import history, json_format
+from protocol.server import Error
+from server.agent import history
 from server.agent.environment import RunEnvironment
-from server.agent.llm import ModelError, ModelRequest, TextChunk, ToolCallRequest, UsageChunk
-from server.agent.run_state import ModelCall, RunState, ToolOutcome
+from server.agent.run_state import RunState
 from server.agent.steps import (
     ArmTimer,
     Begin,
@@ -45,7 +41,6 @@ from server.agent.steps import (
     Effect,
     Input,
     LeaseLost,
-    ModelFailed,
     ModelFinished,
     ModelUnparseable,
     Publish,
@@ -54,25 +49,17 @@ from server.agent.steps import (
     RememberPartial,
     Reply,
     RunServerTool,
-    ServerToolFinished,
     StopWork,
     TimerFired,
 )
 from server.agent.tools import ToolBox
+from server.agent.work import model_turn, new_ref, now_ms, server_tool
 from server.backends.base import BackendUnavailable, UnloggableEvent
 from server.connection import Peer
 from server.ports import EventLog
 
 logger = logging.getLogger("cowrite.agent")
 PUBLISH_RETRY_MAX_S = 1.0
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def new_ref() -> str:
-    return uuid.uuid4().hex[:12]
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,80 +370,12 @@ class RunDriver:
 
     # -- children: the model and server tools --------------------------------------
     async def _model_call(self, state: RunState) -> None:
-        request = ModelRequest(
-            messages=list(state.messages), tools=[] if state.json_tools else self._openai_tools(),
-            model=state.model, run_id=state.run_id, step=state.step - 1, prompt=state.prompt,
-            context=state.context, client_tools=list(state.client_tools),
-            tool_results=list(state.tool_results))
-        parts = self._parts = []
-        usage: dict[str, int] = {}
-        calls: list[ToolCallRequest] = []
-        started = time.perf_counter()
-        try:
-            async for chunk in self.env.llm.stream(request):
-                if isinstance(chunk, TextChunk):
-                    if chunk.text:
-                        parts.append(chunk.text)
-                        if not state.json_tools and state.message_id is not None:
-                            await self.log.publish_delta(state.run_id, state.message_id,
-                                                         chunk.text)
-                elif isinstance(chunk, ToolCallRequest):
-                    calls.append(chunk)
-                elif isinstance(chunk, UsageChunk):
-                    for key, value in chunk.usage.items():
-                        usage[key] = usage.get(key, 0) + value
-        except ModelError as exc:
-            logger.warning("model call failed: status=%s kind=%s latency_ms=%.0f: %s",
-                           exc.status, exc.kind, (time.perf_counter() - started) * 1000, exc,
-                           extra=self.log_extra)
-            self.feed(ModelFailed(RunError(code="upstream_error", message=exc.public,
-                                           details=exc.details)))
-            return
-        except Exception:
-            ref = new_ref()
-            logger.exception("model call failed (ref %s)", ref, extra=self.log_extra)
-            self.feed(Crashed(ref))
-            return
-        text, used = "".join(parts), tuple(sorted(usage.items()))
-        if not state.json_tools:
-            self.feed(ModelFinished(text, tuple(self._check(c) for c in calls), used,
-                                    at_ms=now_ms()))
-            return
-        answer = json_format.parse_answer(text)
-        if isinstance(answer, str):
-            self.feed(ModelUnparseable(text, answer, used))
-            return
-        checked = (self._check(answer.call),) if answer.call else ()
-        self.feed(ModelFinished(answer.message, checked, used, assistant_content=text,
-                                terminate=answer.terminate, at_ms=now_ms()))
-
-    def _openai_tools(self) -> list[dict[str, Any]]:
-        return self.toolbox.openai_tools() if self.state.mode == "agent" else []
-
-    def _check(self, call: ToolCallRequest) -> ModelCall:
-        checked = self.toolbox.check(call.name, call.arguments)
-        if isinstance(checked, str):
-            return ModelCall(call.call_id, call.name, call.arguments, problem=checked)
-        return ModelCall(call.call_id, call.name, call.arguments, checked.arguments,
-                         checked.executor, checked.requires_approval)
+        self._parts = []
+        self.feed(await model_turn(state, self.env.llm, self.log, self.toolbox, self._parts))
 
     async def _server_tool(self, effect: RunServerTool) -> None:
-        timeout_s = self.env.settings.server_tool_timeout_s
-        try:
-            async with asyncio.timeout(timeout_s):
-                output = await self.toolbox.run_server_tool(effect.name, effect.arguments)
-            orjson.dumps(output)
-            outcome = ToolOutcome("ok", output=output)
-        except TimeoutError:
-            outcome = ToolOutcome("error", error={
-                "message": f"{effect.name} took longer than {timeout_s:g} s",
-                "code": "server_tool_timeout"})
-        except Exception:
-            ref = new_ref()
-            logger.exception("server tool %s failed (ref %s)", effect.name, ref,
-                             extra=self.log_extra)
-            outcome = ToolOutcome("error", error={"message": f"tool failed (ref {ref})"})
-        self.feed(ServerToolFinished(effect.call_id, outcome))
+        self.feed(await server_tool(self.state, self.toolbox, effect,
+                                    self.env.settings.server_tool_timeout_s))
 
 
 class _PublishFailed(Exception):

@@ -16,8 +16,9 @@ checks them after every step of random interleavings):
 - calls run one at a time, in the order the model asked for them.
 """
 
-from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 from protocol.codes import ErrorCode
 from protocol.server import (
@@ -25,7 +26,6 @@ from protocol.server import (
     ApprovalRequested,
     ApprovalResolved,
     DurableServerEvent,
-    Error,
     MessageDelta,
     MessageDone,
     RunError,
@@ -36,7 +36,13 @@ from protocol.server import (
     ToolDone,
 )
 from server.agent import history
-from server.agent.run_state import Ending, ModelCall, PendingCall, RunState, ToolOutcome
+from server.agent.run_state import (
+    Ending,
+    PendingCall,
+    RunState,
+    ToolOutcome,
+    unique_call_ids,
+)
 from server.agent.steps import (
     ApprovalAnswer,
     ArmTimer,
@@ -48,15 +54,15 @@ from server.agent.steps import (
     Crashed,
     Decision,
     DisarmTimer,
-    Effect,
+    EffectList,
     End,
     ExecutorPresence,
     Input,
     LeaseLost,
+    MachineConfig,
     ModelFailed,
     ModelFinished,
     ModelUnparseable,
-    Publish,
     Release,
     Remember,
     RememberPartial,
@@ -65,95 +71,43 @@ from server.agent.steps import (
     ServerToolFinished,
     StopWork,
     TimerFired,
+    refuse,
 )
-from server.auth import CallGrant
 
 MAX_PARSE_RETRIES = 3
-
-
-class Signer(Protocol):
-    """Per-call tokens: pure functions of a key (server.auth.Authenticator)."""
-
-    def issue_call_token(self, grant: CallGrant) -> str: ...
-
-    def check_call_token(self, token: str, expected: CallGrant, now_ms: int) -> str | None: ...
-
-
-@dataclass(frozen=True)
-class MachineConfig:
-    signer: Signer
-    tool_timeout_s: float
-    approval_timeout_s: float
-    run_timeout_s: float
-    client_grace_s: float
-
-
-class _Out:
-    """Effects of one transition; consecutive events share one `Publish`."""
-
-    def __init__(self) -> None:
-        self.effects: list[Effect] = []
-
-    def publish(self, *events: DurableServerEvent) -> None:
-        last = self.effects[-1] if self.effects else None
-        if isinstance(last, Publish):
-            self.effects[-1] = Publish(last.events + events)
-        else:
-            self.effects.append(Publish(events))
-
-    def do(self, *effects: Effect) -> None:
-        self.effects.extend(effects)
-
-
-def _error(code: ErrorCode, message: str, reply_to: str | None, run_id: str,
-           details: Any = None) -> Reply:
-    return Reply(Error(code=code, message=message, reply_to=reply_to, run_id=run_id,
-                       details=details))
 
 
 class RunMachine:
     def __init__(self, config: MachineConfig) -> None:
         self.config = config
+        self._handlers: dict[type[Any], Callable[[RunState, Any, EffectList], RunState]] = {
+            Begin: self._begin, ModelFinished: self._model_finished,
+            ModelUnparseable: self._unparseable, ClientToolResult: self._client_result,
+            ServerToolFinished: self._server_finished, ApprovalAnswer: self._approval,
+            Cancel: self._cancel, TimerFired: self._timer, ExecutorPresence: self._presence,
+            ModelFailed: lambda state, event, out: self._finish(
+                state, out, Ending("failed", "upstream_error", event.error)),
+            End: lambda state, event, out: self._finish(
+                state, out, Ending(event.status, event.reason)),
+            Crashed: lambda state, event, out: self._finish(
+                state, out, Ending("failed", "internal_error", RunError(
+                    code=ErrorCode.INTERNAL.value,
+                    message=f"internal error (ref {event.ref})"))),
+            LeaseLost: self._lease_lost,
+        }
 
     def decide(self, state: RunState, event: Input) -> Decision:
         if state.finished:
             return self._after_end(state, event)
-        out = _Out()
-        refusable = isinstance(event, (Begin, ClientToolResult, ApprovalAnswer))
-        if isinstance(event, Begin):
-            state = self._begin(state, event, out)
-        elif isinstance(event, ModelFinished):
-            state = self._model_finished(state, event, out)
-        elif isinstance(event, ModelUnparseable):
-            state = self._unparseable(state, event, out)
-        elif isinstance(event, ModelFailed):
-            state = self._finish(state, out, Ending("failed", "upstream_error", event.error))
-        elif isinstance(event, ClientToolResult):
-            state = self._client_result(state, event, out)
-        elif isinstance(event, ServerToolFinished):
-            state = self._server_finished(state, event, out)
-        elif isinstance(event, ApprovalAnswer):
-            state = self._approval(state, event, out)
-        elif isinstance(event, Cancel):
-            state = self._cancel(state, event, out)
-        elif isinstance(event, End):
-            state = self._finish(state, out, Ending(event.status, event.reason))
-        elif isinstance(event, TimerFired):
-            state = self._timer(state, event, out)
-        elif isinstance(event, ExecutorPresence):
-            state = self._presence(state, event, out)
-        elif isinstance(event, LeaseLost):
-            out.do(StopWork(), DisarmTimer("*"))
-            state = replace(state, phase="finished", status="aborted", current=None, queue=(),
-                            ending=Ending("aborted", "server_lost"))
-        elif isinstance(event, Crashed):
-            state = self._finish(state, out, Ending("failed", "internal_error", RunError(
-                code=ErrorCode.INTERNAL.value, message=f"internal error (ref {event.ref})")))
+        out = EffectList()
+        handler = self._handlers[type(event)]
+        state = handler(state, event, out)
         reply_to = getattr(event, "reply_to", None)
-        return Decision(state, tuple(out.effects), refusable=refusable, reply_to=reply_to)
+        return Decision(state, tuple(out.effects), reply_to=reply_to,
+                        refusable=isinstance(event, (Begin, ClientToolResult, ApprovalAnswer)))
 
     # -- start and model turns ----------------------------------------------------
-    def _begin(self, state: RunState, event: Begin, out: _Out) -> RunState:
+    def _begin(self, state: RunState, event: Begin, out: EffectList) -> RunState:
         if state.phase != "new":
             return state
         out.publish(RunStarted(run_id=state.run_id, mode=state.mode, user_id=state.user_id,
@@ -163,13 +117,13 @@ class RunMachine:
                ArmTimer("run", self.config.run_timeout_s))
         return self._call_model(state, out)
 
-    def _call_model(self, state: RunState, out: _Out) -> RunState:
+    def _call_model(self, state: RunState, out: EffectList) -> RunState:
         step = state.step + 1
         out.do(CallModel())
         return replace(state, phase="model", status="running", step=step,
                        message_id=f"{state.run_id}:m{step}")
 
-    def _model_finished(self, state: RunState, event: ModelFinished, out: _Out) -> RunState:
+    def _model_finished(self, state: RunState, event: ModelFinished, out: EffectList) -> RunState:
         if state.phase != "model":
             return state
         state = state.add_usage(dict(event.usage))
@@ -186,7 +140,7 @@ class RunMachine:
             return self._finish(state, out, Ending("failed", "max_steps", RunError(
                 code="max_steps",
                 message=f"the model still asked for tools after {state.max_steps} model calls")))
-        calls = self._unique_ids(state, event.calls)
+        calls = unique_call_ids(state.call_ids, event.calls, state.step)
         if state.json_tools:
             said: dict[str, Any] = {"role": "assistant",
                                     "content": event.assistant_content or event.text}
@@ -200,20 +154,7 @@ class RunMachine:
                         call_ids=state.call_ids | {c.call_id for c in calls})
         return self._advance(state, out, event.at_ms)
 
-    def _unique_ids(self, state: RunState, calls: tuple[ModelCall, ...]) -> tuple[ModelCall, ...]:
-        """The model's call ids when usable; deterministic fresh ones when missing,
-        too long or reused (a call id names one call for the whole run)."""
-        seen = set(state.call_ids)
-        fixed = []
-        for index, call in enumerate(calls):
-            call_id = call.call_id
-            if not call_id or len(call_id) > 64 or call_id in seen:
-                call_id = f"call_s{state.step}_{index}"
-            seen.add(call_id)
-            fixed.append(call if call_id == call.call_id else replace(call, call_id=call_id))
-        return tuple(fixed)
-
-    def _unparseable(self, state: RunState, event: ModelUnparseable, out: _Out) -> RunState:
+    def _unparseable(self, state: RunState, event: ModelUnparseable, out: EffectList) -> RunState:
         if state.phase != "model":
             return state
         state = replace(state.add_usage(dict(event.usage)),
@@ -231,7 +172,7 @@ class RunMachine:
         return self._call_model(state, out)
 
     # -- tool calls, one at a time ------------------------------------------------
-    def _advance(self, state: RunState, out: _Out, at_ms: int) -> RunState:
+    def _advance(self, state: RunState, out: EffectList, at_ms: int) -> RunState:
         """Start the next call of the turn, or call the model again when none is left."""
         while state.queue:
             call, rest = state.queue[0], state.queue[1:]
@@ -242,21 +183,19 @@ class RunMachine:
                 state = self._record(state, out, call.call_id, call.name, outcome)
                 continue
             if call.requires_approval and call.name not in state.approved_names:
-                return self._open(state, out, PendingCall(
-                    call.call_id, call.name, call.arguments, "approval", call.executor,
-                    at_ms + int(self.config.approval_timeout_s * 1000)),
-                    ApprovalRequested(run_id=state.run_id, call_id=call.call_id, name=call.name,
-                                      arguments=call.arguments,
-                                      expires_at=at_ms + int(self.config.approval_timeout_s
-                                                             * 1000)),
-                    self.config.approval_timeout_s)
+                timeout_s = self.config.approval_timeout_s
+                pending = PendingCall(call.call_id, call.name, call.arguments, "approval",
+                                      call.executor, at_ms + int(timeout_s * 1000))
+                return self._open(state, out, pending, ApprovalRequested(
+                    run_id=state.run_id, call_id=call.call_id, name=call.name,
+                    arguments=call.arguments, expires_at=pending.expires_at), timeout_s)
             return self._dispatch(state, out, call.call_id, call.name, call.arguments,
                                   call.executor, at_ms)
         if state.terminate_after_tools:
             return self._finish(state, out, Ending("completed"))
         return self._call_model(state, out)
 
-    def _dispatch(self, state: RunState, out: _Out, call_id: str, name: str,
+    def _dispatch(self, state: RunState, out: EffectList, call_id: str, name: str,
                   arguments: dict[str, Any], executor: str, at_ms: int) -> RunState:
         if executor == "server":
             state = replace(state, current=PendingCall(call_id, name, arguments, "tool", "server",
@@ -275,7 +214,7 @@ class RunMachine:
             executor="client", client_id=state.client_id, token=token, expires_at=expires_at),
             self.config.tool_timeout_s)
 
-    def _open(self, state: RunState, out: _Out, pending: PendingCall,
+    def _open(self, state: RunState, out: EffectList, pending: PendingCall,
               announcement: DurableServerEvent, timeout_s: float) -> RunState:
         """Wait on `pending`: recorded (checkpoint) before it is announced."""
         status: RunStatus = "waiting_approval" if pending.kind == "approval" else "waiting_tool"
@@ -287,11 +226,11 @@ class RunMachine:
             out.do(ArmTimer("grace", self.config.client_grace_s))
         return state
 
-    def _close(self, state: RunState, out: _Out, pending: PendingCall) -> RunState:
+    def _close(self, state: RunState, out: EffectList, pending: PendingCall) -> RunState:
         out.do(DisarmTimer(pending.timer), DisarmTimer("grace"))
         return replace(state, current=None, status="running")
 
-    def _record(self, state: RunState, out: _Out, call_id: str, name: str,
+    def _record(self, state: RunState, out: EffectList, call_id: str, name: str,
                 outcome: ToolOutcome) -> RunState:
         """The model will read this outcome; the history keeps it."""
         content = outcome.for_model()
@@ -303,7 +242,7 @@ class RunMachine:
             *state.tool_results, {"name": name, "status": outcome.status,
                                   "output": outcome.output}))
 
-    def _client_result(self, state: RunState, event: ClientToolResult, out: _Out) -> RunState:
+    def _client_result(self, state: RunState, event: ClientToolResult, out: EffectList) -> RunState:
         signer, current = self.config.signer, state.current
         if current is None or current.call_id != event.call_id or current.kind != "tool" \
                 or current.executor != "client":
@@ -312,16 +251,16 @@ class RunMachine:
                 problem = signer.check_call_token(event.token, grant, 0)
                 out.do(Reply(Ack(reply_to=event.reply_to, run_id=state.run_id,
                                  call_id=event.call_id, duplicate=True)) if problem is None
-                       else _error(ErrorCode.INVALID_TOKEN, problem, event.reply_to,
+                       else refuse(ErrorCode.INVALID_TOKEN, problem, event.reply_to,
                                    state.run_id))
             else:
-                out.do(_error(ErrorCode.CALL_NOT_PENDING, f"call {event.call_id!r} is not pending",
+                out.do(refuse(ErrorCode.CALL_NOT_PENDING, f"call {event.call_id!r} is not pending",
                               event.reply_to, state.run_id))
             return state
         problem = signer.check_call_token(
             event.token, state.grant(current.call_id, event.user_id, 0), event.at_ms)
         if problem is not None:
-            out.do(_error(ErrorCode.INVALID_TOKEN, problem, event.reply_to, state.run_id))
+            out.do(refuse(ErrorCode.INVALID_TOKEN, problem, event.reply_to, state.run_id))
             return state
         outcome = event.outcome
         state = replace(self._close(state, out, current),
@@ -333,7 +272,7 @@ class RunMachine:
         state = self._record(state, out, current.call_id, current.name, outcome)
         return self._advance(state, out, event.at_ms)
 
-    def _server_finished(self, state: RunState, event: ServerToolFinished, out: _Out
+    def _server_finished(self, state: RunState, event: ServerToolFinished, out: EffectList
                          ) -> RunState:
         current = state.current
         if current is None or current.call_id != event.call_id or current.executor != "server" \
@@ -347,18 +286,18 @@ class RunMachine:
         state = self._record(state, out, current.call_id, current.name, outcome)
         return self._advance(state, out, 0)
 
-    def _approval(self, state: RunState, event: ApprovalAnswer, out: _Out) -> RunState:
+    def _approval(self, state: RunState, event: ApprovalAnswer, out: EffectList) -> RunState:
         if event.user_id != state.user_id:
-            out.do(_error(ErrorCode.FORBIDDEN, "only the run's user may answer its approvals",
+            out.do(refuse(ErrorCode.FORBIDDEN, "only the run's user may answer its approvals",
                           event.reply_to, state.run_id))
             return state
         current = state.current
         if current is None or current.kind != "approval" or current.call_id != event.call_id:
-            out.do(_error(ErrorCode.CALL_NOT_PENDING, f"no approval {event.call_id!r} is pending",
+            out.do(refuse(ErrorCode.CALL_NOT_PENDING, f"no approval {event.call_id!r} is pending",
                           event.reply_to, state.run_id))
             return state
         if event.decision == "approve" and event.problem is not None:
-            out.do(_error(ErrorCode.INVALID_MESSAGE, event.problem, event.reply_to, state.run_id,
+            out.do(refuse(ErrorCode.INVALID_MESSAGE, event.problem, event.reply_to, state.run_id,
                           details=[{"loc": ["arguments"], "msg": event.problem}]))
             return state
         state = self._close(state, out, current)
@@ -385,16 +324,22 @@ class RunMachine:
         return self._advance(state, out, event.at_ms)
 
     # -- endings ------------------------------------------------------------------
-    def _cancel(self, state: RunState, event: Cancel, out: _Out) -> RunState:
+    def _lease_lost(self, state: RunState, event: LeaseLost, out: EffectList) -> RunState:
+        """Another instance announced the end: stop without a word."""
+        out.do(StopWork(), DisarmTimer("*"))
+        return replace(state, phase="finished", status="aborted", current=None, queue=(),
+                       ending=Ending("aborted", "server_lost"))
+
+    def _cancel(self, state: RunState, event: Cancel, out: EffectList) -> RunState:
         if event.user_id != state.user_id:
-            out.do(_error(ErrorCode.FORBIDDEN, "only the run's user may cancel it",
+            out.do(refuse(ErrorCode.FORBIDDEN, "only the run's user may cancel it",
                           event.reply_to, state.run_id))
             return state
         state = self._finish(state, out, Ending("cancelled", "user_cancelled"))
         out.do(Reply(Ack(reply_to=event.reply_to, run_id=state.run_id, status="cancelled")))
         return state
 
-    def _timer(self, state: RunState, event: TimerFired, out: _Out) -> RunState:
+    def _timer(self, state: RunState, event: TimerFired, out: EffectList) -> RunState:
         current = state.current
         if event.key == "run":
             return self._finish(state, out, Ending("timed_out", "run_timeout"))
@@ -415,7 +360,7 @@ class RunMachine:
         state = replace(state, current=None)
         return self._finish(state, out, Ending("timed_out", str(error["code"])))
 
-    def _presence(self, state: RunState, event: ExecutorPresence, out: _Out) -> RunState:
+    def _presence(self, state: RunState, event: ExecutorPresence, out: EffectList) -> RunState:
         if event.present == state.executor_present:
             return state
         if event.present:
@@ -424,7 +369,7 @@ class RunMachine:
             out.do(ArmTimer("grace", self.config.client_grace_s))
         return replace(state, executor_present=event.present)
 
-    def _finish(self, state: RunState, out: _Out, ending: Ending) -> RunState:
+    def _finish(self, state: RunState, out: EffectList, ending: Ending) -> RunState:
         """The one place a run ends: cancel what is in flight, settle the pending call,
         keep interrupted text, log `run.finished`, free the document."""
         out.do(StopWork(), DisarmTimer("*"))
@@ -445,7 +390,7 @@ class RunMachine:
     def _after_end(self, state: RunState, event: Input) -> Decision:
         """Nothing leaves `finished`; messages about the run learn that it is over."""
         if isinstance(event, (ClientToolResult, ApprovalAnswer, Cancel)):
-            return Decision(state, (_error(ErrorCode.RUN_NOT_ACTIVE,
+            return Decision(state, (refuse(ErrorCode.RUN_NOT_ACTIVE,
                                            f"run {state.run_id!r} has finished",
                                            event.reply_to, state.run_id),),
                             reply_to=event.reply_to)

@@ -175,3 +175,18 @@ def orphan_state(document_id: str, record: dict[str, Any]) -> RunState:
         prompt="", model="", max_steps=0, phase="tools" if current else "model",
         status=status if status in STATUS_RANK and status not in TERMINAL else "running",  # type: ignore[arg-type]
         step=int(record.get("step", 0)), current=current)
+
+
+def unique_call_ids(used: frozenset[str], calls: tuple[ModelCall, ...], step: int
+                    ) -> tuple[ModelCall, ...]:
+    """The model's call ids when usable; deterministic fresh ones when missing, too
+    long or reused (a call id names one call for the whole run)."""
+    seen = set(used)
+    fixed = []
+    for index, call in enumerate(calls):
+        call_id = call.call_id
+        if not call_id or len(call_id) > 64 or call_id in seen:
+            call_id = f"call_s{step}_{index}"
+        seen.add(call_id)
+        fixed.append(call if call_id == call.call_id else replace(call, call_id=call_id))
+    return tuple(fixed)

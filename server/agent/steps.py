@@ -8,11 +8,13 @@ driven by a test exactly as by the driver, with no event loop.
 """
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from protocol.base import WireModel
-from protocol.server import DurableServerEvent, FinishedStatus, RunError
+from protocol.codes import ErrorCode
+from protocol.server import DurableServerEvent, Error, FinishedStatus, RunError
 from server.agent.run_state import ModelCall, RunState, ToolOutcome
+from server.auth import CallGrant
 
 
 # -- inputs -----------------------------------------------------------------------
@@ -202,3 +204,44 @@ class Decision:
     effects: tuple[Effect, ...] = ()
     refusable: bool = False
     reply_to: str | None = None
+
+
+# -- what the machine is configured with, and how it collects effects ----------
+class Signer(Protocol):
+    """Per-call tokens: pure functions of a key (server.auth.Authenticator)."""
+
+    def issue_call_token(self, grant: CallGrant) -> str: ...
+
+    def check_call_token(self, token: str, expected: CallGrant, now_ms: int) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class MachineConfig:
+    signer: Signer
+    tool_timeout_s: float
+    approval_timeout_s: float
+    run_timeout_s: float
+    client_grace_s: float
+
+
+class EffectList:
+    """Effects of one transition; consecutive events share one `Publish`."""
+
+    def __init__(self) -> None:
+        self.effects: list[Effect] = []
+
+    def publish(self, *events: DurableServerEvent) -> None:
+        last = self.effects[-1] if self.effects else None
+        if isinstance(last, Publish):
+            self.effects[-1] = Publish(last.events + events)
+        else:
+            self.effects.append(Publish(events))
+
+    def do(self, *effects: Effect) -> None:
+        self.effects.extend(effects)
+
+
+def refuse(code: ErrorCode, message: str, reply_to: str | None, run_id: str,
+           details: Any = None) -> Reply:
+    return Reply(Error(code=code, message=message, reply_to=reply_to, run_id=run_id,
+                       details=details))
