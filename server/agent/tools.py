@@ -74,6 +74,8 @@ def check_tool_schemas(tools: list[ToolSpec]) -> str | None:
             jsonschema.Draft202012Validator.check_schema(tool.parameters)
         except jsonschema.SchemaError as exc:
             return f"tools.{tool.name}.parameters is not a valid JSON Schema: {exc.message}"
+        except RecursionError:
+            return f"tools.{tool.name}.parameters is nested too deeply"
     return None
 
 
@@ -118,8 +120,16 @@ class ToolBox:
             arguments = raw_arguments
         if not isinstance(arguments, dict):
             return f"arguments of {name} must be a JSON object"
+        try:  # they travel in tool.call events: the log must be able to hold them
+            orjson.dumps(arguments)
+        except (TypeError, ValueError):
+            return f"arguments of {name} are nested too deeply"
         if name in self.client:
-            errors = sorted(self._validators[name].iter_errors(arguments), key=lambda e: e.path)
+            try:
+                errors = sorted(self._validators[name].iter_errors(arguments),
+                                key=lambda e: e.path)
+            except RecursionError:
+                return f"arguments of {name} are nested too deeply"
             if errors:
                 where = "/".join(str(p) for p in errors[0].absolute_path) or "(arguments)"
                 return f"invalid arguments for {name} at {where}: {errors[0].message}"

@@ -1,0 +1,297 @@
+"""The run machine alone, driven by random interleavings of every input.
+
+A small in-test executor plays the driver's part: it keeps the committed
+state, logs published events, tracks timers and work in flight, and injects
+backend failures into publishes (a refused client input leaves the state as
+it was; a failed internal publish makes the driver feed `Crashed`). After
+every step the invariants of the run lifecycle are checked.
+"""
+
+from dataclasses import replace
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from protocol.server import ApprovalRequested, RunError, RunFinished, ToolCall, ToolDone
+from server.agent.machine import RunMachine
+from server.agent.run_state import STATUS_RANK, ModelCall, RunState, ToolOutcome
+from server.agent.steps import (
+    ApprovalAnswer,
+    ArmTimer,
+    Begin,
+    CallModel,
+    Cancel,
+    ClientToolResult,
+    Crashed,
+    Decision,
+    DisarmTimer,
+    End,
+    ExecutorPresence,
+    Input,
+    LeaseLost,
+    MachineConfig,
+    ModelFailed,
+    ModelFinished,
+    ModelUnparseable,
+    Publish,
+    Release,
+    Reply,
+    RunServerTool,
+    ServerToolFinished,
+    StopWork,
+    TimerFired,
+)
+from server.auth import Authenticator
+from server.settings import Settings
+
+AUTH = Authenticator(Settings(jwt_secret="property-secret-0123456789abcdef"))
+CONFIG = MachineConfig(signer=AUTH, tool_timeout_s=60, approval_timeout_s=300,
+                       run_timeout_s=600, client_grace_s=30)
+MACHINE = RunMachine(CONFIG)
+TOOLS = {  # name -> (executor, requires_approval)
+    "read": ("client", False), "edit": ("client", True), "stats": ("server", False),
+    "risky": ("server", True),
+}
+ENDINGS = [("aborted", "document_changed"), ("cancelled", "superseded"),
+           ("aborted", "server_shutdown"), ("aborted", "server_lost")]
+
+
+def new_state(json_tools: bool, max_steps: int) -> RunState:
+    return RunState(run_id="r1", document_id="d1", mode="agent", user_id="alice",
+                    client_id="tab", prompt="p", model="m", max_steps=max_steps,
+                    json_tools=json_tools)
+
+
+class RunLifecycle(RuleBasedStateMachine):
+    @initialize(json_tools=st.booleans(), max_steps=st.integers(1, 6),
+                begin_fails=st.booleans())
+    def begin(self, json_tools: bool, max_steps: int, begin_fails: bool) -> None:
+        self.state = new_state(json_tools, max_steps)
+        self.log: list[Any] = []
+        self.replies: list[Any] = []
+        self.timers: set[str] = set()
+        self.model_calls = 0
+        self.model_busy = False
+        self.tool_busy: str | None = None
+        self.released = 0
+        self.lease_lost = False
+        self.fail_next_publish = False
+        self.statuses = [self.state.status]
+        self.tokens: dict[str, str] = {}
+        self.calls_seen = 0
+        self.apply(Begin(0, "start"), fail=begin_fails)
+        if begin_fails:  # refused: nothing logged; start again as the coordinator would
+            assert self.state.phase == "new" and not self.log
+            self.apply(Begin(0, "start"))
+
+    # -- the executor -------------------------------------------------------------
+    def apply(self, event: Input, fail: bool = False) -> None:
+        fail = fail or self.fail_next_publish
+        self.fail_next_publish = False
+        decision: Decision = MACHINE.decide(self.state, event)
+        publishes = [e for e in decision.effects if isinstance(e, Publish)]
+        if fail and publishes and decision.refusable:
+            return  # the first publish failed: the input is refused, nothing changes
+        self.state = decision.state
+        for index, effect in enumerate(decision.effects):
+            if isinstance(effect, Publish):
+                if fail and not self.state.finished and effect is publishes[0]:
+                    self.apply(Crashed("ref"))  # the driver's answer to an unloggable event
+                    return
+                self.log.extend(effect.events)
+            elif isinstance(effect, Reply):
+                self.replies.append(effect.message)
+            elif isinstance(effect, CallModel):
+                assert not self.model_busy, "two model calls at once"
+                self.model_busy, self.model_calls = True, self.model_calls + 1
+            elif isinstance(effect, RunServerTool):
+                assert self.tool_busy is None, "two server tools at once"
+                self.tool_busy = effect.call_id
+            elif isinstance(effect, StopWork):
+                self.model_busy, self.tool_busy = False, None
+            elif isinstance(effect, ArmTimer):
+                self.timers.add(effect.key)
+            elif isinstance(effect, DisarmTimer):
+                self.timers = set() if effect.key == "*" else self.timers - {effect.key}
+            elif isinstance(effect, Release):
+                self.released += 1
+            del index
+        if isinstance(event, LeaseLost):
+            self.lease_lost = True
+        self.statuses.append(self.state.status)
+
+    # -- inputs ---------------------------------------------------------------------
+    @precondition(lambda self: self.model_busy)
+    @rule(text=st.text(max_size=8),
+          calls=st.lists(st.tuples(st.sampled_from([*TOOLS, "nope"]), st.booleans(),
+                                   st.sampled_from(["", "dup", "x" * 70, "ok"])), max_size=3),
+          terminate=st.booleans())
+    def model_finishes(self, text: str, calls: list[tuple[str, bool, str]],
+                       terminate: bool) -> None:
+        self.model_busy = False
+        checked = []
+        for name, valid, call_id in calls:
+            self.calls_seen += 1
+            cid = "dup" if call_id == "dup" else call_id if call_id != "ok" else \
+                f"c{self.calls_seen}"
+            if name not in TOOLS or not valid:
+                checked.append(ModelCall(cid, name, "{}", problem="invalid"))
+            else:
+                executor, approval = TOOLS[name]
+                checked.append(ModelCall(cid, name, "{}", {}, executor,  # type: ignore[arg-type]
+                                         approval))
+        self.apply(ModelFinished(text, tuple(checked), (("total_tokens", 3),),
+                                 terminate=terminate, at_ms=1000))
+
+    @precondition(lambda self: self.model_busy and self.state.json_tools)
+    @rule()
+    def model_unparseable(self) -> None:
+        self.model_busy = False
+        self.apply(ModelUnparseable("{", "not JSON"))
+
+    @precondition(lambda self: self.model_busy)
+    @rule()
+    def model_fails(self) -> None:
+        self.model_busy = False
+        self.apply(ModelFailed(RunError(code="upstream_error", message="HTTP 500")))
+
+    @precondition(lambda self: self.tool_busy is not None)
+    @rule(ok=st.booleans())
+    def server_tool_finishes(self, ok: bool) -> None:
+        call_id, self.tool_busy = self.tool_busy, None
+        assert call_id is not None
+        outcome = ToolOutcome("ok", output={"n": 1}) if ok else \
+            ToolOutcome("error", error={"message": "tool failed (ref x)"})
+        self.apply(ServerToolFinished(call_id, outcome))
+
+    @rule(which=st.sampled_from(["current", "other", "done"]), good_token=st.booleans(),
+          user=st.sampled_from(["alice", "bob"]), at_ms=st.integers(0, 200_000))
+    def client_result(self, which: str, good_token: bool, user: str, at_ms: int) -> None:
+        current = self.state.current
+        calls = [e.call_id for e in self.log if isinstance(e, ToolCall) and e.token]
+        call_id = current.call_id if which == "current" and current else \
+            calls[0] if which == "done" and calls else "unknown"
+        token = next((e.token for e in self.log if isinstance(e, ToolCall)
+                      and e.call_id == call_id and e.token), None)
+        self.apply(ClientToolResult(call_id, token if good_token and token else "bad",
+                                    ToolOutcome("ok", output=1), user, at_ms, "r"))
+
+    @rule(decision=st.sampled_from(["approve", "reject"]), scope=st.sampled_from(["call", "run"]),
+          user=st.sampled_from(["alice", "bob"]), problem=st.booleans(),
+          right_call=st.booleans())
+    def approval(self, decision: str, scope: str, user: str, problem: bool,
+                 right_call: bool) -> None:
+        current = self.state.current
+        call_id = current.call_id if right_call and current else "other"
+        self.apply(ApprovalAnswer(call_id, user, decision, scope,  # type: ignore[arg-type]
+                                  None, "bad arguments" if problem else None, None, 500, "a"))
+
+    @rule(user=st.sampled_from(["alice", "bob"]))
+    def cancel(self, user: str) -> None:
+        self.apply(Cancel(user, "c"))
+
+    @rule(ending=st.sampled_from(ENDINGS))
+    def ended_from_outside(self, ending: tuple[str, str]) -> None:
+        self.apply(End(ending[0], ending[1]))  # type: ignore[arg-type]
+
+    @rule(data=st.data())
+    def timer_fires(self, data: st.DataObject) -> None:
+        keys = sorted(self.timers) or ["run"]
+        key = data.draw(st.sampled_from([*keys, "grace", "call:stale"]))
+        self.timers.discard(key)
+        self.apply(TimerFired(key))
+
+    @rule(present=st.booleans())
+    def presence(self, present: bool) -> None:
+        self.apply(ExecutorPresence(present))
+
+    @rule()
+    def lease_lost(self) -> None:
+        self.apply(LeaseLost())
+
+    @rule()
+    def crashed(self) -> None:
+        self.apply(Crashed("bug"))
+
+    @rule()
+    def backend_fails_next_publish(self) -> None:
+        self.fail_next_publish = True
+
+    # -- invariants -------------------------------------------------------------------
+    @invariant()
+    def one_finish_and_nothing_after_it(self) -> None:
+        finishes = [i for i, e in enumerate(self.log) if isinstance(e, RunFinished)]
+        assert len(finishes) <= 1
+        if self.state.finished and not self.lease_lost:
+            assert len(finishes) == 1 and finishes[0] == len(self.log) - 1
+            assert self.released == 1, "the document must be released exactly once"
+        if not self.state.finished:
+            assert not finishes and self.released == 0
+
+    @invariant()
+    def nothing_pending_after_the_end(self) -> None:
+        if self.state.finished:
+            assert self.state.current is None and not self.state.queue
+            assert not self.timers and not self.model_busy and self.tool_busy is None
+
+    @invariant()
+    def every_call_dispatched_once_and_settled_once(self) -> None:
+        dispatched = [e.call_id for e in self.log if isinstance(e, ToolCall)]
+        assert len(dispatched) == len(set(dispatched)), "a tool.call was sent twice"
+        done = [e.call_id for e in self.log if isinstance(e, ToolDone)]
+        assert len(done) == len(set(done)), "a call got two tool.done"
+        announced = set(dispatched) | {e.call_id for e in self.log
+                                       if isinstance(e, ApprovalRequested)}
+        assert set(done) <= announced
+        if self.state.finished and not self.lease_lost:
+            assert set(done) == announced, "an announced call never ended"
+
+    @invariant()
+    def status_only_moves_forward(self) -> None:
+        ranks = [STATUS_RANK[s] for s in self.statuses]
+        assert ranks == sorted(ranks)
+        if self.state.finished:
+            assert self.state.status in ("completed", "cancelled", "aborted", "failed",
+                                         "timed_out")
+
+    @invariant()
+    def waiting_status_matches_the_pending_call(self) -> None:
+        state = self.state
+        if state.finished:
+            return
+        waiting = state.status in ("waiting_tool", "waiting_approval")
+        assert waiting == state.waiting_on_executor
+        assert state.step <= state.max_steps or state.phase != "model"
+        if state.current is not None and state.current.kind == "tool" and \
+                state.current.executor == "client":
+            assert f"call:{state.current.call_id}" in self.timers
+
+    @invariant()
+    def replies_never_carry_exception_text(self) -> None:
+        for reply in self.replies:
+            text = reply.to_json().decode()
+            assert "Traceback" not in text and "Error(" not in text
+
+
+RunLifecycle.TestCase.settings = settings(
+    max_examples=1500, stateful_step_count=30, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+test_run_lifecycle = RunLifecycle.TestCase
+
+
+def test_a_refused_result_can_be_retried() -> None:
+    """Regression shape: a result whose tool.done could not be logged stays acceptable."""
+    machine = RunLifecycle()
+    machine.begin(json_tools=False, max_steps=3, begin_fails=False)
+    machine.model_finishes("", [("read", True, "ok")], False)
+    call = machine.state.current
+    assert call is not None and call.token
+    machine.apply(ClientToolResult(call.call_id, call.token, ToolOutcome("ok", output=1),
+                                   "alice", 2000, "r"), fail=True)
+    assert machine.state.current == call and not any(isinstance(e, ToolDone) for e in machine.log)
+    machine.apply(ClientToolResult(call.call_id, call.token, ToolOutcome("ok", output=1),
+                                   "alice", 2000, "r"))
+    assert [e.status for e in machine.log if isinstance(e, ToolDone)] == ["ok"]
+    assert replace(machine.state).current is None
