@@ -10,7 +10,11 @@ message only while some connection of the document has a send pending
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
 
 from protocol.base import PROTOCOL_VERSION
 from protocol.client import ClientMessage, EditorChange, Hello
@@ -29,6 +33,7 @@ from server.ports import RunHandler
 logger = logging.getLogger("cowrite.session")
 
 COALESCE_MAX_CHARS = 4096
+GROUP_RETRY_S = 3.0
 
 
 class _PendingDelta:
@@ -172,16 +177,40 @@ class DocumentSession:
             return await self.backend.append(self.document_id, event.to_wire())
 
     async def publish_many(self, events: Sequence[DurableServerEvent]) -> None:
-        """Log `events` in order (after any delta held back for merging). The first
-        event is serialized before anything is logged, so a refusal leaves no trace."""
+        """Log `events` as one group, in order (after any delta held back for merging).
+
+        Either the whole group is logged or, if the first event could not be, none
+        of it: every event is encoded before the first is appended, so content the
+        log cannot hold is refused up front (`UnloggableEvent`). A backend outage
+        in the middle of a group is retried for a while before giving up."""
+        try:
+            wires = [event.to_wire() for event in events]
+            if len(wires) > 1:
+                for wire in wires:
+                    orjson.dumps(wire)
+        except (TypeError, ValueError) as exc:  # an encoder refused the content
+            raise UnloggableEvent(str(exc)) from exc
         async with self._publish_lock:
             await self._flush_locked()
-            for event in events:
-                wire = event.to_wire()
+            for index, wire in enumerate(wires):
                 try:
-                    await self.backend.append(self.document_id, wire)
-                except (TypeError, ValueError) as exc:  # the encoder refused the content
+                    await self._append_retrying(wire, retry=index > 0)
+                except (TypeError, ValueError) as exc:
                     raise UnloggableEvent(str(exc)) from exc
+
+    async def _append_retrying(self, wire: dict[str, Any], retry: bool) -> None:
+        deadline = time.monotonic() + GROUP_RETRY_S
+        while True:
+            try:
+                await self.backend.append(self.document_id, wire)
+                return
+            except BackendUnavailable:
+                if not retry or time.monotonic() > deadline:
+                    if retry:
+                        logger.error("the rest of an event group could not be logged",
+                                     extra={"document_id": self.document_id})
+                    raise
+                await asyncio.sleep(0.05)
 
     async def publish_delta(self, run_id: str, message_id: str, delta: str) -> None:
         """The hot path: no model object per delta; merging while a connection is

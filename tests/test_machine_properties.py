@@ -76,7 +76,7 @@ class RunLifecycle(RuleBasedStateMachine):
         self.model_busy = False
         self.tool_busy: str | None = None
         self.released = 0
-        self.lease_lost = False
+        self.lost_lease = False
         self.fail_next_publish = False
         self.statuses = [self.state.status]
         self.tokens: dict[str, str] = {}
@@ -88,18 +88,19 @@ class RunLifecycle(RuleBasedStateMachine):
 
     # -- the executor -------------------------------------------------------------
     def apply(self, event: Input, fail: bool = False) -> None:
+        """The driver's rules: a decision's one `Publish` is its commit point."""
         fail = fail or self.fail_next_publish
         self.fail_next_publish = False
         decision: Decision = MACHINE.decide(self.state, event)
         publishes = [e for e in decision.effects if isinstance(e, Publish)]
-        if fail and publishes and decision.refusable:
-            return  # the first publish failed: the input is refused, nothing changes
+        assert len(publishes) <= 1, "a decision logs one group"
+        if fail and publishes and not decision.state.finished:
+            if not decision.refusable:  # the driver ends the run from the state it had
+                self.apply(Crashed("ref"))
+            return  # nothing of the decision happened
         self.state = decision.state
-        for index, effect in enumerate(decision.effects):
+        for effect in decision.effects:
             if isinstance(effect, Publish):
-                if fail and not self.state.finished and effect is publishes[0]:
-                    self.apply(Crashed("ref"))  # the driver's answer to an unloggable event
-                    return
                 self.log.extend(effect.events)
             elif isinstance(effect, Reply):
                 self.replies.append(effect.message)
@@ -117,9 +118,8 @@ class RunLifecycle(RuleBasedStateMachine):
                 self.timers = set() if effect.key == "*" else self.timers - {effect.key}
             elif isinstance(effect, Release):
                 self.released += 1
-            del index
         if isinstance(event, LeaseLost):
-            self.lease_lost = True
+            self.lost_lease = True
         self.statuses.append(self.state.status)
 
     # -- inputs ---------------------------------------------------------------------
@@ -224,7 +224,7 @@ class RunLifecycle(RuleBasedStateMachine):
     def one_finish_and_nothing_after_it(self) -> None:
         finishes = [i for i, e in enumerate(self.log) if isinstance(e, RunFinished)]
         assert len(finishes) <= 1
-        if self.state.finished and not self.lease_lost:
+        if self.state.finished and not self.lost_lease:
             assert len(finishes) == 1 and finishes[0] == len(self.log) - 1
             assert self.released == 1, "the document must be released exactly once"
         if not self.state.finished:
@@ -245,7 +245,7 @@ class RunLifecycle(RuleBasedStateMachine):
         announced = set(dispatched) | {e.call_id for e in self.log
                                        if isinstance(e, ApprovalRequested)}
         assert set(done) <= announced
-        if self.state.finished and not self.lease_lost:
+        if self.state.finished and not self.lost_lease:
             assert set(done) == announced, "an announced call never ended"
 
     @invariant()

@@ -141,11 +141,24 @@ class RunDriver:
             await self._last_resort()
 
     async def _last_resort(self) -> None:
-        """However the driver ended, the document must be free and waiters answered."""
+        """However the driver ended, the run has its `run.finished`, the document is
+        free and waiters are answered."""
         self._disarm("*")
         if self._started is not None and not self._started.done():
             self._started.set_result(False)
             self._released = True
+        if not self._released and not self.state.finished:
+            ref = new_ref()
+            logger.error("run driver stopped early (ref %s); ending the run", ref,
+                         extra=self.log_extra)
+            decision = self.env.machine.decide(self.state, Crashed(ref))
+            self.state = decision.state
+            with contextlib.suppress(Exception):
+                for effect in decision.effects:
+                    if isinstance(effect, Publish):
+                        await self.log.publish_many(effect.events)
+                    elif isinstance(effect, Release):
+                        await self._release(effect)
         if not self._released:
             logger.error("run ended without its release; freeing the document",
                          extra=self.log_extra)
@@ -177,11 +190,18 @@ class RunDriver:
         return await self._execute(decision, peer)
 
     async def _execute(self, decision: Decision, peer: Peer | None) -> bool:
-        effects = list(decision.effects)
-        if decision.refusable:
-            first = next((e for e in effects if isinstance(e, Publish)), None)
-            if first is not None:
-                problem = await self._try_publish(first)
+        """Effects before the decision's `Publish`, the publish (the commit point),
+        then the rest. A publish that fails means the decision did not happen."""
+        effects = decision.effects
+        slot = next((i for i, e in enumerate(effects) if isinstance(e, Publish)), None)
+        before, after = (effects[:slot], effects[slot + 1:]) if slot is not None else ((), effects)
+        for effect in before:
+            await self._do_safely(effect, peer, decision.state)
+        if slot is not None:
+            publish = effects[slot]
+            assert isinstance(publish, Publish)
+            if decision.refusable:
+                problem = await self._try_publish(publish)
                 if problem is not None:
                     if peer is not None:
                         peer.reply(Error(code=problem[0], message=problem[1],
@@ -189,25 +209,31 @@ class RunDriver:
                                          retry_after_ms=1000 if problem[0] == ErrorCode.UNAVAILABLE
                                          else None))
                     return False
-                effects.remove(first)
-        self.state = decision.state
-        for effect in effects:
-            try:
-                await self._do(effect, peer)
-            except _PublishFailed as failed:
-                if self.state.finished:
+            else:
+                try:
+                    await self._publish(publish.events)
+                except _PublishFailed as failed:
+                    if not decision.state.finished:
+                        return await self._apply(Crashed(failed.ref), None)
                     logger.error("the run's end could not be logged (%s)", failed.why,
                                  extra=self.log_extra)
                     self._released = isinstance(failed.cause, BackendUnavailable)
+                    self.state = decision.state
                     return True  # with Redis the lease lapses and a survivor announces it
-                return await self._apply(Crashed(failed.ref), None)
-            except Exception:
-                ref = new_ref()
-                logger.exception("run effect %s failed (ref %s)", type(effect).__name__, ref,
-                                 extra=self.log_extra)
-                if not self.state.finished:
-                    return await self._apply(Crashed(ref), None)
+        self.state = decision.state
+        for effect in after:
+            await self._do_safely(effect, peer, decision.state)
         return True
+
+    async def _do_safely(self, effect: Effect, peer: Peer | None, state: RunState) -> None:
+        try:
+            await self._do(effect, peer, state)
+        except Exception:
+            ref = new_ref()
+            logger.exception("run effect %s failed (ref %s)", type(effect).__name__, ref,
+                             extra=self.log_extra)
+            if not state.finished:
+                self.feed(Crashed(ref))
 
     async def _try_publish(self, effect: Publish) -> tuple[ErrorCode, str] | None:
         try:
@@ -217,6 +243,10 @@ class RunDriver:
         except UnloggableEvent:
             return ErrorCode.INVALID_MESSAGE, "the message's content cannot be logged " \
                                               "(nested too deeply?)"
+        except Exception:
+            ref = new_ref()
+            logger.exception("publishing failed (ref %s)", ref, extra=self.log_extra)
+            return ErrorCode.INTERNAL, f"internal error (ref {ref})"
         return None
 
     async def _publish(self, events: tuple[Any, ...]) -> None:
@@ -238,11 +268,8 @@ class RunDriver:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, PUBLISH_RETRY_MAX_S)
 
-    async def _do(self, effect: Effect, peer: Peer | None) -> None:
-        state = self.state
-        if isinstance(effect, Publish):
-            await self._publish(effect.events)
-        elif isinstance(effect, Reply):
+    async def _do(self, effect: Effect, peer: Peer | None, state: RunState) -> None:
+        if isinstance(effect, Reply):
             if peer is not None:
                 peer.reply(effect.message)
         elif isinstance(effect, Remember):
@@ -265,7 +292,7 @@ class RunDriver:
         elif isinstance(effect, DisarmTimer):
             self._disarm(effect.key)
         elif isinstance(effect, Checkpoint):
-            await self._checkpoint()
+            await self._checkpoint(state)
         elif isinstance(effect, Release):
             await self._release(effect)
 
@@ -320,13 +347,14 @@ class RunDriver:
         except BackendUnavailable:
             logger.warning("history entries lost: backend unavailable", extra=self.log_extra)
 
-    async def _checkpoint(self) -> None:
+    async def _checkpoint(self, state: RunState) -> None:
+        """Share the state about to be announced (a survivor then knows every call)."""
         registry = self.env.registry
         if not registry.remote:
             return  # one process: nobody else reads the record
         try:
-            held = await registry.renew_run(self.state.document_id,
-                                            self.state.to_record(self.env.instance_id),
+            held = await registry.renew_run(state.document_id,
+                                            state.to_record(self.env.instance_id),
                                             self.env.settings.run_lease_s)
         except BackendUnavailable:
             return  # the renewal loop keeps trying

@@ -103,7 +103,7 @@ class RunMachine:
         handler = self._handlers[type(event)]
         state = handler(state, event, out)
         reply_to = getattr(event, "reply_to", None)
-        return Decision(state, tuple(out.effects), reply_to=reply_to,
+        return Decision(state, out.effects, reply_to=reply_to,
                         refusable=isinstance(event, (Begin, ClientToolResult, ApprovalAnswer)))
 
     # -- start and model turns ----------------------------------------------------
@@ -263,10 +263,10 @@ class RunMachine:
             out.do(refuse(ErrorCode.INVALID_TOKEN, problem, event.reply_to, state.run_id))
             return state
         outcome = event.outcome
-        state = replace(self._close(state, out, current),
-                        completed_calls=state.completed_calls | {current.call_id})
         out.publish(ToolDone(run_id=state.run_id, call_id=current.call_id, status=outcome.status,
                              output=outcome.output, error=outcome.error))
+        state = replace(self._close(state, out, current),
+                        completed_calls=state.completed_calls | {current.call_id})
         out.do(Reply(Ack(reply_to=event.reply_to, run_id=state.run_id, call_id=current.call_id,
                          status="accepted")), Checkpoint())
         state = self._record(state, out, current.call_id, current.name, outcome)
@@ -300,9 +300,9 @@ class RunMachine:
             out.do(refuse(ErrorCode.INVALID_MESSAGE, event.problem, event.reply_to, state.run_id,
                           details=[{"loc": ["arguments"], "msg": event.problem}]))
             return state
-        state = self._close(state, out, current)
         out.publish(ApprovalResolved(run_id=state.run_id, call_id=current.call_id,
                                      decision=event.decision, user_id=event.user_id))
+        state = self._close(state, out, current)
         ack = Reply(Ack(reply_to=event.reply_to, run_id=state.run_id, call_id=current.call_id,
                         status=event.decision))
         if event.decision == "approve":

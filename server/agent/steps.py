@@ -197,8 +197,10 @@ Effect = (Publish | Reply | Remember | RememberPartial | CallModel | RunServerTo
 
 @dataclass(frozen=True)
 class Decision:
-    """The new state and what to do. When `refusable`, the state is committed only if
-    the first `Publish` succeeds; otherwise the sender gets an error and nothing changed."""
+    """The new state and what to do. The state is committed only once the decision's
+    one `Publish` is logged; if it cannot be, nothing changed: a `refusable` input's
+    sender gets an error (and may retry), any other input ends the run from the state
+    it had before."""
 
     state: RunState
     effects: tuple[Effect, ...] = ()
@@ -225,20 +227,44 @@ class MachineConfig:
 
 
 class EffectList:
-    """Effects of one transition; consecutive events share one `Publish`."""
+    """Effects of one transition. All its events form ONE `Publish`, placed where the
+    first was published: logging that group is the transition's commit point, so
+    effects before it must be harmless if it fails (a checkpoint, the preparations
+    of an ending), and everything that depends on the announcement comes after."""
 
     def __init__(self) -> None:
-        self.effects: list[Effect] = []
+        self._effects: list[Effect | None] = []
+        self._events: list[DurableServerEvent] = []
+        self._slot: int | None = None
+        self._checkpoint = False
 
     def publish(self, *events: DurableServerEvent) -> None:
-        last = self.effects[-1] if self.effects else None
-        if isinstance(last, Publish):
-            self.effects[-1] = Publish(last.events + events)
-        else:
-            self.effects.append(Publish(events))
+        if self._slot is None:
+            self._slot = len(self._effects)
+            self._effects.append(None)
+        self._events.extend(events)
 
     def do(self, *effects: Effect) -> None:
-        self.effects.extend(effects)
+        for effect in effects:
+            if isinstance(effect, Checkpoint):
+                self._checkpoint = True  # written once, before the group it describes
+            else:
+                self._effects.append(effect)
+
+    @property
+    def effects(self) -> tuple[Effect, ...]:
+        group = Publish(tuple(self._events))
+        out: list[Effect] = []
+        for effect in self._effects:
+            if effect is None:
+                if self._checkpoint:
+                    out.append(Checkpoint())
+                out.append(group)
+            else:
+                out.append(effect)
+        if self._checkpoint and self._slot is None:
+            out.append(Checkpoint())
+        return tuple(out)
 
 
 def refuse(code: ErrorCode, message: str, reply_to: str | None, run_id: str,
