@@ -90,6 +90,7 @@ export class Inspector {
   render() {
     this.body.textContent = "";
     this.lastShownAt = null;
+    this.lastScrollTop = 0; // the table shrank: not a scroll up
     const shown = this.records.filter((r) => matches(r, this.filter())).slice(-SHOWN);
     for (const record of shown) this.#append(record);
     this.#follow();
@@ -151,7 +152,9 @@ export class Inspector {
   }
 
   #follow() {
-    if ($("ins-follow").checked) this.wrap.scrollTop = this.wrap.scrollHeight;
+    if (!$("ins-follow").checked) return;
+    this.wrap.scrollTop = this.wrap.scrollHeight;
+    this.lastScrollTop = this.wrap.scrollTop;
   }
 
   #option(selectId, seen, value, label) {

@@ -112,9 +112,12 @@ export class Transcript {
     on("tool.call", (call) => {
       this.#unthink();
       this.timing.tools.set(call.call_id, performance.now());
+      // An approved call keeps its "approved by" chip: name(args) · approved by x → client… ok
       const item = this.#toolItem(call.call_id);
-      item.textContent = `${call.name}(${JSON.stringify(call.arguments).slice(0, 120)}) `;
-      item.append(Object.assign(document.createElement("b"), { textContent: `→ ${call.executor}…` }));
+      const approval = item.querySelector(".approval");
+      item.replaceChildren(`${call.name}(${JSON.stringify(call.arguments).slice(0, 120)})`);
+      if (approval) item.append(approval);
+      item.append(Object.assign(document.createElement("b"), { textContent: ` → ${call.executor}…` }));
     });
 
     on("approval.requested", (request) => {
