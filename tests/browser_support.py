@@ -28,7 +28,15 @@ LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking
                "--disable-dev-shm-usage"]
 
 try:
-    from playwright.async_api import Browser, BrowserContext, Page, async_playwright, expect
+    from playwright.async_api import (
+        Browser,
+        BrowserContext,
+        ConsoleMessage,
+        Page,
+        Response,
+        async_playwright,
+        expect,
+    )
 except ImportError:  # pragma: no cover - the test extra installs it
     async_playwright = None  # type: ignore[assignment]
 
@@ -79,10 +87,18 @@ async def open_tab(
     await page.set_viewport_size({"width": width, "height": height})
     page.set_default_timeout(10_000)
     tab = Tab(page)
+
+    def on_console(message: "ConsoleMessage") -> None:
+        if message.type == "error":
+            tab.problems.append(f"console: {message.text}")
+
+    def on_response(response: "Response") -> None:
+        if response.status >= 400:
+            tab.problems.append(f"HTTP {response.status} {response.url}")
+
     page.on("pageerror", lambda error: tab.problems.append(f"page error: {error}"))
-    page.on("console", lambda m: m.type == "error" and tab.problems.append(f"console: {m.text}"))
-    page.on("response",
-            lambda r: r.status >= 400 and tab.problems.append(f"HTTP {r.status} {r.url}"))
+    page.on("console", on_console)
+    page.on("response", on_response)
     page.on("websocket", lambda ws: tab.sockets.append(ws.url))
     await page.goto(f"{server.http}/?doc={quote(doc)}&user={user}{extra}")
     if wait_open:
