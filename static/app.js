@@ -62,7 +62,13 @@ function start() {
       method: "POST", headers: { "content-type": "application/json" },
       body: JSON.stringify({ user: settings.user, docs: ["*"], role: settings.role }),
     });
-    if (!response.ok) throw new Error(`no dev token (HTTP ${response.status}); is COWRITE_DEV=1?`);
+    if (!response.ok) {
+      // The client retries with backoff; the banner says why it keeps failing.
+      banner(`Could not get a development token (POST /v1/dev/token answered HTTP ` +
+        `${response.status}). The test page needs a server started with COWRITE_DEV=1 ` +
+        "(make run sets it), opened from this machine.");
+      throw new Error(`no dev token (HTTP ${response.status}); is COWRITE_DEV=1?`);
+    }
     token = (await response.json()).token;
     return token;
   }

@@ -207,3 +207,12 @@ async def test_reload_keeps_the_text_the_transcript_talks_about(
     await expect(page.locator("#status")).to_have_attribute("data-state", "open")
     await expect(page.locator("#editor")).not_to_have_value(re.compile("client-tool scenario"))
     await expect(page.locator("#editor")).to_have_value(re.compile("^A short memo"))
+
+
+async def test_without_dev_mode_the_page_says_why_it_cannot_connect(browser: "Browser") -> None:
+    async with running_server(dev=False) as srv:
+        tab = await open_tab(browser, srv, "b-nodev", wait_open=False)
+        await expect(tab.page.locator("#banner")).to_contain_text(
+            "Could not get a development token (POST /v1/dev/token answered HTTP 404)")
+        await expect(tab.page.locator("#status")).to_have_attribute("data-state", "reconnecting")
+        assert tab.sockets == []
