@@ -2,26 +2,38 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
-HOST ?= 127.0.0.1
-PORT ?= 8000
+# Where `make run` listens: `make run PORT=9000` wins, then COWRITE_PORT / COWRITE_HOST from
+# the environment, then PORT / HOST from the environment (as a PaaS sets them), then defaults.
+ifneq ($(origin PORT),command line)
+  PORT := $(or $(COWRITE_PORT),$(PORT),8000)
+endif
+ifneq ($(origin HOST),command line)
+  HOST := $(or $(COWRITE_HOST),$(HOST),127.0.0.1)
+endif
+# -qq: pip prints errors only (no setuptools editable-install notice, no warnings about this
+# machine's pip configuration); a failed install still says why.
+PIP := $(BIN)/python -m pip install -qq
 
 .PHONY: run test lint typecheck jstest pytest schema bench clean
 
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	@echo "cowrite: creating $(VENV) (first run only)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(PIP) --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
-	touch $@
+	@echo "cowrite: installing into $(VENV)"
+	@$(PIP) -e .
+	@touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test]'
-	touch $(VENV)/.installed $@
+	@echo "cowrite: installing into $(VENV) with the test extra"
+	@$(PIP) -e '.[test]'
+	@touch $(VENV)/.installed $@
 
+# The server prints the one line that matters: the URL it really listens on.
 run: $(VENV)/.installed
-	@echo "cowrite: open http://$(HOST):$(PORT)/ (dev mode, memory backend, scripted model)"
-	COWRITE_DEV=$${COWRITE_DEV:-1} COWRITE_HOST=$(HOST) COWRITE_PORT=$(PORT) $(BIN)/python -m server
+	@COWRITE_DEV=$${COWRITE_DEV:-1} COWRITE_HOST=$(HOST) COWRITE_PORT=$(PORT) exec $(BIN)/python -m server
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .

@@ -1,6 +1,18 @@
-"""`python -m server`: run one cowrite instance with settings from the environment."""
+"""`python -m server`: run one cowrite instance with settings from the environment.
 
+It prints one line once the socket is bound: the URL it really serves (the
+bound port, so `COWRITE_PORT=0` shows the port the OS picked; a wildcard host
+shows a loopback URL a browser can open). uvicorn's own start-up chatter is
+left at warning level so `make run` shows a newcomer nothing else; errors
+(a port in use, say) still print.
+"""
+
+import ipaddress
+import socket
 import sys
+from collections.abc import Awaitable, Callable, Sequence
+
+import uvicorn
 
 from server.app import create_app
 from server.lifecycle import DrainingServer, drain
@@ -8,21 +20,63 @@ from server.runner import uvicorn_config
 from server.settings import Settings
 
 
+def browser_url(configured_host: str, bound: tuple[object, ...]) -> str:
+    """The URL to open for a server listening on `bound` (a getsockname() tuple).
+
+    A wildcard host (0.0.0.0, ::) is not an address a browser can open, so it
+    becomes the loopback address of the same family; IPv6 gets brackets.
+    """
+    port = int(str(bound[1]))
+    host = configured_host
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None  # a name such as "localhost": keep it
+    if address is not None and address.is_unspecified:
+        host = "::1" if address.version == 6 else "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}/"
+
+
+class AnnouncingServer(DrainingServer):
+    """DrainingServer that prints the URL it serves once its socket is bound."""
+
+    def __init__(self, settings: Settings, config: uvicorn.Config,
+                 on_shutdown: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(config, on_shutdown)
+        self._settings = settings
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if not self.started or not self.servers:
+            return
+        listeners: Sequence[socket.socket] = self.servers[0].sockets
+        if not listeners:
+            return
+        settings = self._settings
+        mode = "dev" if settings.dev else "production"
+        backend = "redis" if settings.redis_url else "memory"
+        wildcard = " (all interfaces)" if settings.host in ("0.0.0.0", "::", "") else ""
+        print(
+            f"cowrite ({mode}, {backend} backend, {settings.effective_llm} model) serving "
+            f"{browser_url(settings.host, listeners[0].getsockname())}{wildcard}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def main() -> int:
     settings = Settings()
     app = create_app(settings)
-    mode = "dev" if settings.dev else "production"
-    backend = "redis" if settings.redis_url else "memory"
-    print(
-        f"cowrite ({mode}, {backend} backend, {settings.effective_llm} model) on "
-        f"http://{settings.host}:{settings.port}/",
-        file=sys.stderr,
-        flush=True,
-    )
     services = app.state.services
-    server = DrainingServer(uvicorn_config(app, settings, log_level="info"),
-                            on_shutdown=lambda: drain(services))
-    server.run()
+    server = AnnouncingServer(settings, uvicorn_config(app, settings, log_level="warning"),
+                              on_shutdown=lambda: drain(services))
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        # uvicorn shut down cleanly, then re-raised the Ctrl-C it captured: no traceback.
+        pass
     return 0
 
 

@@ -1,335 +1,314 @@
-// The bundled test page: an editor, a prompt box and the agent's side of the
-// conversation, wired to the server through client.js. It doubles as the
-// reference integration: the editor tools below are what an editor frontend
-// declares and executes.
+// The bundled test page, a developer console for the protocol: an editor with
+// the editor tools (editor.js), the agent's transcript (transcript.js), the
+// event inspector (inspector.js), a scenarios menu (scenarios.js) and the
+// settings, wired to the server through the reusable client (client.js).
 import { CowriteClient } from "/static/client.js";
+import { Editor } from "./editor.js";
+import { Inspector } from "./inspector.js";
+import { documentIdProblem, readSettings, suggestDocumentId } from "./rules.js";
+import { SCENARIOS, availableScenarios, judge } from "./scenarios.js";
+import { Transcript } from "./transcript.js";
 
-const $ = (id) => document.getElementById(id);
+const $ = (id) => /** @type {any} */ (document.getElementById(id));
+const randomName = (prefix, n) => `${prefix}${Math.random().toString(36).slice(2, 2 + n)}`;
+
+// -- settings -----------------------------------------------------------------------------
 const params = new URLSearchParams(location.search);
-const documentId = params.get("doc") || "demo";
-$("doc-id").value = documentId;
-$("doc-id").addEventListener("change", (e) => {
-  params.set("doc", e.target.value.trim() || "demo");
-  location.search = params.toString();
-});
-
-const user = params.get("user") || localStorage.getItem("cowrite.user") ||
-  `user-${Math.random().toString(36).slice(2, 7)}`;
-localStorage.setItem("cowrite.user", user);
+const settings = readSettings(params, localStorage, () => randomName("user-", 5));
+localStorage.setItem("cowrite.user", settings.user);
 let clientId = sessionStorage.getItem("cowrite.clientId");
 if (!clientId) {
-  clientId = `tab-${Math.random().toString(36).slice(2, 10)}`;
+  clientId = randomName("tab-", 8);
   sessionStorage.setItem("cowrite.clientId", clientId);
 }
-$("who").textContent = `${user} · ${clientId}`;
+$("doc-name").textContent = settings.doc;
+$("who").textContent = `${settings.user} (${settings.role}) · ${clientId}`;
+setupSettingsDialog();
 
-let token = null;
-async function getToken() {
-  if (token) return token;
-  const response = await fetch("/v1/dev/token", {
-    method: "POST", headers: { "content-type": "application/json" },
-    body: JSON.stringify({ user, docs: ["*"] }),
-  });
-  if (!response.ok) throw new Error(`no dev token (HTTP ${response.status}); is COWRITE_DEV=1?`);
-  token = (await response.json()).token;
-  return token;
+/** A message above the page with optional action buttons; null hides it. */
+function banner(text, actions = []) {
+  $("banner").hidden = text === null;
+  $("banner-text").textContent = text ?? "";
+  $("banner-actions").replaceChildren(...actions.map(([label, act]) =>
+    Object.assign(document.createElement("button"), { type: "button", textContent: label, onclick: act })));
 }
 
-const client = new CowriteClient({
-  baseUrl: `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}`,
-  documentId, getToken, clientId,
-});
-
-// -- the editor and its tools ----------------------------------------------------
-const editor = $("editor");
-let version = 0;
-let activeRun = null; // {run_id, user_id, client_id}
-
-function bumpVersion() {
-  version += 1;
-  $("doc-version").textContent = `v${version}`;
+function setStatus(state, label) {
+  $("status").dataset.state = state;
+  $("status").querySelector("b").textContent = label;
 }
 
-/** Apply an edit made by the agent: it is reported with origin "agent", never aborting. */
-function agentEdit(text) {
-  editor.value = text;
-  bumpVersion();
-  client.editorChange({ origin: "agent", documentVersion: version });
+const problem = documentIdProblem(settings.doc);
+if (problem) {
+  // The server would refuse the upgrade (HTTP 404) and the browser would only see close
+  // 1006, so the page checks the id itself and never connects.
+  const suggestion = suggestDocumentId(settings.doc);
+  banner(`“${settings.doc}” cannot be opened: ${problem}.`, [
+    [`Open “${suggestion}” instead`, () => reloadWith({ doc: suggestion })],
+    ["Settings", () => openSettings()],
+  ]);
+  setStatus("closed", "not connected");
+  for (const id of ["prompt", "send", "mode", "editor"]) $(id).disabled = true;
+  $("scenarios").hidden = true;
+} else {
+  start();
 }
 
-const objectOf = (properties, required = []) =>
-  ({ type: "object", properties, required, additionalProperties: false });
-
-client.registerTool({
-  name: "read_document", description: "Read the whole document and its version.",
-  parameters: objectOf({}),
-}, () => ({ text: editor.value, version }));
-
-client.registerTool({
-  name: "get_selection", description: "The user's current selection (offsets and text).",
-  parameters: objectOf({}),
-}, () => ({ start: editor.selectionStart, end: editor.selectionEnd,
-            text: editor.value.slice(editor.selectionStart, editor.selectionEnd) }));
-
-client.registerTool({
-  name: "insert_text", description: "Insert text at the start, the end or the cursor.",
-  parameters: objectOf({ text: { type: "string" },
-                         position: { enum: ["start", "end", "cursor"] } }, ["text"]),
-}, ({ text, position = "end" }) => {
-  const at = position === "start" ? 0 : position === "cursor" ? editor.selectionStart
-    : editor.value.length;
-  agentEdit(editor.value.slice(0, at) + text + editor.value.slice(at));
-  return { inserted: text.length, at, version };
-});
-
-client.registerTool({
-  name: "replace_text", description: "Find text and replace it (all occurrences if all=true).",
-  parameters: objectOf({ find: { type: "string", minLength: 1 }, replace: { type: "string" },
-                         all: { type: "boolean" } }, ["find", "replace"]),
-}, ({ find, replace, all = false }) => {
-  const count = editor.value.split(find).length - 1;
-  if (count === 0) throw Object.assign(new Error(`"${find}" is not in the document`), { code: "not_found" });
-  agentEdit(all ? editor.value.split(find).join(replace) : editor.value.replace(find, replace));
-  return { replacements: all ? count : 1, version };
-});
-
-client.registerTool({
-  name: "replace_document", description: "Replace the whole document.",
-  requires_approval: true, parameters: objectOf({ text: { type: "string" } }, ["text"]),
-}, ({ text }) => { agentEdit(text); return { length: text.length, version }; });
-
-let changeTimer = null;
-editor.addEventListener("input", () => {
-  bumpVersion();
-  clearTimeout(changeTimer);
-  if (activeRun) { // the user edits during a run: abort it at once
-    client.editorChange({ origin: "user", documentVersion: version, summary: "typing" });
-  } else {
-    changeTimer = setTimeout(() => client.editorChange({ origin: "user", documentVersion: version }), 300);
-  }
-});
-
-// -- transcript, tool log, timings ---------------------------------------------------
-const transcript = $("transcript");
-const bubbles = new Map(); // message_id -> element
-let thinking = null;
-const timing = { submit: 0, started: 0, first: 0, tools: new Map() };
-
-function add(kind, text) {
-  const element = document.createElement("div");
-  element.className = `msg ${kind}`;
-  element.textContent = text;
-  transcript.append(element);
-  transcript.scrollTop = transcript.scrollHeight;
-  return element;
-}
-
-function notice(text, bad = false) {
-  add(`notice${bad ? " bad" : ""}`, text);
-}
-
-function showTiming(label, ms) {
-  const chip = document.createElement("span");
-  chip.textContent = `${label} ${ms.toFixed(0)} ms`;
-  $("timings").append(chip);
-}
-
-function promptLabel(prompt) {
-  try { if (JSON.parse(prompt).script) return "(scripted run)"; } catch { /* free text */ }
-  return prompt;
-}
-
-function setRunning(run) {
-  activeRun = run;
-  $("cancel").disabled = !run || run.user_id !== client.welcome?.user_id;
-  $("send").disabled = Boolean(run) && run.client_id !== clientId;
-  $("run-state").textContent = run ? `run ${run.run_id.slice(0, 12)}… ${run.status ?? "running"}` : "";
-}
-
-function toolItem(callId) {
-  let item = document.querySelector(`[data-call="${CSS.escape(callId)}"]`);
-  if (!item) {
-    item = document.createElement("li");
-    item.dataset.call = callId;
-    $("tool-log").append(item);
-  }
-  return item;
-}
-
-client.addEventListener("run.started", ({ detail }) => {
-  add("user", promptLabel(detail.prompt));
-  thinking = add("assistant thinking", "thinking");
-  setRunning(detail);
-  if (detail.client_id === clientId && timing.submit) {
-    timing.started = performance.now();
-    showTiming("→ run.started", timing.started - timing.submit);
-  }
-});
-
-client.addEventListener("message.delta", ({ detail }) => {
-  let bubble = bubbles.get(detail.message_id);
-  if (!bubble) {
-    if (thinking) { thinking.remove(); thinking = null; }
-    bubble = add("assistant", "");
-    bubbles.set(detail.message_id, bubble);
-    if (timing.submit && !timing.first) {
-      timing.first = performance.now();
-      showTiming("→ first delta", timing.first - timing.submit);
-    }
-  }
-  bubble.textContent += detail.delta;
-  transcript.scrollTop = transcript.scrollHeight;
-});
-
-client.addEventListener("message.done", ({ detail }) => {
-  const bubble = bubbles.get(detail.message_id) ?? add("assistant", "");
-  bubble.textContent = detail.text;
-  bubbles.set(detail.message_id, bubble);
-});
-
-client.addEventListener("tool.call", ({ detail }) => {
-  if (thinking) { thinking.remove(); thinking = null; }
-  timing.tools.set(detail.call_id, performance.now());
-  toolItem(detail.call_id).innerHTML = "";
-  toolItem(detail.call_id).append(`${detail.name}(${JSON.stringify(detail.arguments).slice(0, 120)}) `,
-    Object.assign(document.createElement("b"), { textContent: `→ ${detail.executor}…` }));
-});
-
-client.addEventListener("approval.requested", ({ detail }) => {
-  toolItem(detail.call_id).textContent = `${detail.name} awaits approval`;
-  if (activeRun && activeRun.user_id === client.welcome?.user_id) openApproval(detail);
-});
-
-client.addEventListener("approval.resolved", ({ detail }) => {
-  toolItem(detail.call_id).textContent += ` · ${detail.decision}d by ${detail.user_id}`;
-  if ($("approval").dataset.call === detail.call_id && $("approval").open) $("approval").close();
-});
-
-client.addEventListener("tool.done", ({ detail }) => {
-  const item = toolItem(detail.call_id);
-  const status = Object.assign(document.createElement("b"), {
-    className: `status-${detail.status}`, textContent: ` ${detail.status}` });
-  item.querySelector("b")?.remove();
-  item.append(status);
-  const started = timing.tools.get(detail.call_id);
-  if (started) showTiming(`tool ${detail.call_id.slice(-4)}`, performance.now() - started);
-});
-
-client.addEventListener("run.finished", ({ detail }) => {
-  if (thinking) { thinking.remove(); thinking = null; }
-  if ($("approval").open) $("approval").close();
-  const bad = detail.status !== "completed";
-  notice(`run ${detail.status}${detail.reason ? ` (${detail.reason})` : ""}` +
-         `${detail.error ? `: ${detail.error.message}` : ""} · ${detail.steps} model call(s)`, bad);
-  if (timing.submit) showTiming("→ done", performance.now() - timing.submit);
-  timing.submit = 0;
-  setRunning(null);
-});
-
-client.addEventListener("document.changed", ({ detail }) => {
-  if (detail.client_id !== clientId && detail.origin === "user") {
-    notice(`${detail.user_id} edited the document`);
-  }
-});
-
-client.addEventListener("error", ({ detail }) => notice(`error ${detail.code}: ${detail.message}`, true));
-
-client.addEventListener("event", ({ detail }) => {
-  const raw = $("raw");
-  raw.textContent += `${JSON.stringify(detail)}\n`;
-  if (raw.textContent.length > 200_000) raw.textContent = raw.textContent.slice(-150_000);
-});
-
-client.addEventListener("welcome", async ({ detail }) => {
-  if (detail.resumed) return;
-  // A fresh start (or a lost resume): rebuild from the history, then the active run.
-  transcript.textContent = "";
-  bubbles.clear();
-  try {
-    const response = await fetch(`/v1/documents/${encodeURIComponent(documentId)}/history`,
-      { headers: { authorization: `Bearer ${await getToken()}` } });
-    for (const m of (await response.json()).messages ?? []) {
-      if (m.role === "user") add("user", promptLabel(m.content));
-      else if (m.role === "assistant") add("assistant", m.content + (m.interrupted ? " …(interrupted)" : ""));
-    }
-  } catch (error) {
-    notice(`could not load the history: ${error}`, true);
-  }
-  setRunning(detail.active_run ?? null);
-  for (const item of detail.active_run?.pending ?? []) {
-    if (item.kind === "approval" && detail.active_run.user_id === detail.user_id) {
-      openApproval({ ...item, run_id: detail.active_run.run_id });
-    }
-  }
-});
-
-client.addEventListener("state", ({ detail }) => {
-  const labels = { open: detail.resumed ? "resumed" : "connected", connecting: "connecting…",
-                   reconnecting: "reconnecting…", closed: "disconnected", idle: "offline" };
-  $("status").dataset.state = detail.state;
-  $("status").querySelector("b").textContent = labels[detail.state] ?? detail.state;
-  if (detail.state === "closed" && detail.code) notice(`connection closed (${detail.code})`, true);
-});
-
-// -- prompt, cancel, approvals ----------------------------------------------------
-$("prompt-form").addEventListener("submit", async (event) => {
-  event.preventDefault();
-  const prompt = $("prompt").value.trim();
-  if (!prompt) return;
-  $("timings").textContent = "";
-  Object.assign(timing, { submit: performance.now(), started: 0, first: 0 });
-  timing.tools.clear();
-  try {
-    await client.startRun({
-      prompt, mode: $("mode").value,
-      context: { document: { text: editor.value, version } },
+function start() {
+  let token = null;
+  async function getToken() {
+    if (token) return token;
+    const response = await fetch("/v1/dev/token", {
+      method: "POST", headers: { "content-type": "application/json" },
+      body: JSON.stringify({ user: settings.user, docs: ["*"], role: settings.role }),
     });
-    $("prompt").value = "";
-  } catch (error) {
-    notice(`could not start: ${error.message}`, true);
-    timing.submit = 0;
+    if (!response.ok) {
+      // The client retries with backoff; the banner says why it keeps failing.
+      banner(`Could not get a development token (POST /v1/dev/token answered HTTP ` +
+        `${response.status}). The test page needs a server started with COWRITE_DEV=1 ` +
+        "(make run sets it), opened from this machine.");
+      throw new Error(`no dev token (HTTP ${response.status}); is COWRITE_DEV=1?`);
+    }
+    token = (await response.json()).token;
+    return token;
   }
-});
 
-$("prompt").addEventListener("keydown", (event) => {
-  if (event.key === "Enter" && (event.metaKey || event.ctrlKey)) $("prompt-form").requestSubmit();
-});
+  const client = new CowriteClient({
+    baseUrl: `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}`,
+    documentId: settings.doc, getToken, clientId,
+  });
+  const inspector = new Inspector();
+  const send = client.send.bind(client); // record what this tab sends, for the inspector
+  client.send = (message, expectReply = false) => {
+    inspector.add(message, "out");
+    return send(message, expectReply);
+  };
 
-$("cancel").addEventListener("click", () => {
-  if (activeRun) client.cancelRun(activeRun.run_id, "cancel button").catch((e) => notice(e.message, true));
-});
+  const viewer = settings.role === "viewer";
+  let activeRun = null; // {run_id, user_id, client_id, status?}
+  const transcript = new Transcript(client);
+  const editor = new Editor({
+    client, documentId: settings.doc, tab: clientId, keepText: settings.keepText, readOnly: viewer,
+    isRunActive: () => Boolean(activeRun),
+    onRemoteText: () => {},
+  });
+  if (viewer) {
+    for (const id of ["prompt", "send", "mode"]) $(id).disabled = true;
+    $("prompt").placeholder = "Viewers watch: the server refuses their run.start (forbidden).";
+  }
 
-function openApproval(request) {
-  const dialog = $("approval");
-  dialog.dataset.call = request.call_id;
-  dialog.dataset.run = request.run_id;
-  $("approval-name").textContent = request.name;
-  $("approval-args").value = JSON.stringify(request.arguments, null, 2);
-  $("approval-error").textContent = "";
-  if (!dialog.open) dialog.showModal();
+  function setRunning(run) {
+    activeRun = run;
+    $("cancel").disabled = !run || run.user_id !== client.welcome?.user_id;
+    $("send").disabled = viewer || (Boolean(run) && run.client_id !== clientId);
+    $("run-state").textContent = run ? `run ${run.run_id.slice(0, 12)}… ${run.status ?? "running"}` : "";
+  }
+
+  // -- the inspector sees every event; a resumed welcome marks what it replays ------------
+  let replayUpTo = 0;
+  client.addEventListener("event", ({ detail }) => {
+    if (detail.type === "welcome") replayUpTo = detail.resumed ? detail.last_seq : 0;
+    inspector.add(detail, "in", typeof detail.seq === "number" && detail.seq <= replayUpTo);
+  });
+
+  client.addEventListener("run.started", ({ detail }) => setRunning(detail));
+  client.addEventListener("run.finished", ({ detail }) => {
+    if ($("approval").open) $("approval").close();
+    setRunning(null);
+    const scenario = scenarioRuns.get(detail.run_id);
+    if (scenario) {
+      const verdict = judge(scenario, detail);
+      showScenario(`${scenario.title}: ${verdict.text}`, verdict.ok ? "ok" : "bad");
+    }
+  });
+  client.addEventListener("approval.requested", ({ detail }) => {
+    if (activeRun && activeRun.user_id === client.welcome?.user_id) openApproval(detail);
+  });
+  client.addEventListener("approval.resolved", ({ detail }) => {
+    if ($("approval").dataset.call === detail.call_id && $("approval").open) $("approval").close();
+  });
+
+  client.addEventListener("welcome", async ({ detail }) => {
+    renderScenarios(detail.features);
+    if (detail.resumed) return;
+    try {
+      const response = await fetch(`/v1/documents/${encodeURIComponent(settings.doc)}/history`,
+        { headers: { authorization: `Bearer ${await getToken()}` } });
+      transcript.rebuild((await response.json()).messages ?? []);
+    } catch (error) {
+      transcript.notice(`could not load the history: ${error}`, true);
+    }
+    setRunning(detail.active_run ?? null);
+    for (const item of detail.active_run?.pending ?? []) {
+      if (item.kind === "approval" && detail.active_run.user_id === detail.user_id) {
+        openApproval({ ...item, run_id: detail.active_run.run_id });
+      }
+    }
+  });
+
+  client.addEventListener("state", ({ detail }) => {
+    const labels = { open: detail.resumed ? "resumed" : "connected", connecting: "connecting…",
+                     reconnecting: "reconnecting…", closed: "disconnected", idle: "offline" };
+    setStatus(detail.state, labels[detail.state] ?? detail.state);
+    $("status").title = detail.reason ? `${detail.code ?? ""} ${detail.reason}`.trim() : "";
+    if (detail.state === "open") banner(null);
+    if (detail.state === "closed" && detail.refused) {
+      banner(`Could not connect: ${detail.reason}. The browser saw close 1006 before the ` +
+        `WebSocket opened, ${detail.attempts} times in a row, so the page stopped trying. ` +
+        "Check the server's log, COWRITE_ALLOWED_ORIGINS and the document id.",
+        [["Try again", () => { banner(null); client.connect(); }]]);
+    } else if (detail.state === "closed" && detail.code) {
+      transcript.notice(`connection closed (${detail.code})`, true);
+    }
+  });
+
+  // -- prompt, cancel, approvals ----------------------------------------------------------
+  async function startRun(request, scenario = null) {
+    const runId = randomName("run_", 12);
+    if (scenario) scenarioRuns.set(runId, scenario);
+    transcript.startTiming();
+    try {
+      await client.send({ type: "run.start", run_id: runId, mode: "agent", tools: client.toolSpecs(),
+                          context: { document: { text: editor.text, version: editor.version } },
+                          ...request }, true);
+      return true;
+    } catch (error) {
+      transcript.notice(`could not start: ${error.message}`, true);
+      transcript.stopTiming();
+      scenarioRuns.delete(runId);
+      return false;
+    }
+  }
+
+  $("prompt-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const prompt = $("prompt").value.trim();
+    if (!prompt) return;
+    if (await startRun({ prompt, mode: $("mode").value })) $("prompt").value = "";
+  });
+  $("prompt").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && (event.metaKey || event.ctrlKey)) $("prompt-form").requestSubmit();
+  });
+  $("cancel").addEventListener("click", () => {
+    if (activeRun) {
+      client.cancelRun(activeRun.run_id, "cancel button").catch((e) => transcript.notice(e.message, true));
+    }
+  });
+
+  function openApproval(request) {
+    const dialog = $("approval");
+    dialog.dataset.call = request.call_id;
+    dialog.dataset.run = request.run_id;
+    $("approval-name").textContent = request.name;
+    $("approval-args").value = JSON.stringify(request.arguments, null, 2);
+    $("approval-error").textContent = "";
+    if (!dialog.open) dialog.showModal();
+  }
+
+  $("approval").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const dialog = $("approval");
+    const { run, call } = dialog.dataset;
+    const choice = event.submitter?.value;
+    try {
+      if (choice === "reject") {
+        await client.reject(run, call, "rejected in the dialog");
+      } else {
+        let args;
+        try { args = JSON.parse($("approval-args").value); } catch (error) {
+          $("approval-error").textContent = `arguments are not valid JSON: ${error.message}`;
+          return;
+        }
+        await client.approve(run, call, { scope: choice === "approve-run" ? "run" : "call", arguments: args });
+      }
+      dialog.close();
+    } catch (error) {
+      $("approval-error").textContent = error.message;
+    }
+  });
+
+  // -- scenarios ----------------------------------------------------------------------------
+  const scenarioRuns = new Map(); // run_id -> scenario
+
+  function showScenario(text, tone) {
+    $("scenario-status").hidden = false;
+    $("scenario-status").dataset.tone = tone;
+    $("scenario-status").textContent = text;
+  }
+
+  /** @param {string[]|undefined} features welcome.features (protocol 1.1; absent from 1.0) */
+  function renderScenarios(features) {
+    $("scenario-list").replaceChildren(...availableScenarios(SCENARIOS, features).map((scenario) => {
+      const item = Object.assign(document.createElement("button"), { type: "button", className: "menu-item" });
+      item.dataset.scenario = scenario.id;
+      item.setAttribute("role", "menuitem");
+      item.append(Object.assign(document.createElement("b"), { textContent: scenario.title }),
+        Object.assign(document.createElement("span"), { textContent: scenario.what }));
+      item.disabled = viewer;
+      item.addEventListener("click", async () => {
+        $("scenarios").open = false;
+        const expected = `${scenario.expect.status}${scenario.expect.reason ? ` (${scenario.expect.reason})` : ""}`;
+        showScenario(`${scenario.title}: ${scenario.todo ? `${scenario.todo} ` : ""}` +
+                     `Expected end: ${expected}.`, "running");
+        await startRun(scenario.request({ text: editor.text, version: editor.version }), scenario);
+      });
+      return item;
+    }));
+  }
+
+  window.cowrite = { client, editor, inspector };
+  client.connect();
 }
 
-$("approval").addEventListener("submit", async (event) => {
-  event.preventDefault();
-  const dialog = $("approval");
-  const { run, call } = dialog.dataset;
-  const choice = event.submitter?.value;
-  try {
-    if (choice === "reject") {
-      await client.reject(run, call, "rejected in the dialog");
-    } else {
-      let args;
-      try { args = JSON.parse($("approval-args").value); } catch (error) {
-        $("approval-error").textContent = `arguments are not valid JSON: ${error.message}`;
-        return;
-      }
-      await client.approve(run, call, { scope: choice === "approve-run" ? "run" : "call", arguments: args });
-    }
-    dialog.close();
-  } catch (error) {
-    $("approval-error").textContent = error.message;
-  }
-});
+// -- settings dialog --------------------------------------------------------------------------
+function reloadWith(changes) {
+  const next = new URLSearchParams(location.search);
+  for (const [key, value] of Object.entries(changes)) next.set(key, value);
+  location.search = next.toString();
+}
 
-window.cowrite = { client, editor };
-client.connect();
+function openSettings() {
+  $("set-user").value = settings.user;
+  $("set-role").value = settings.role;
+  $("set-doc").value = settings.doc;
+  $("set-keep").checked = settings.keepText;
+  $("set-doc-error").textContent = "";
+  $("settings").showModal();
+}
+
+function setupSettingsDialog() {
+  $("open-settings").addEventListener("click", openSettings);
+  $("set-doc").addEventListener("input", () => {
+    $("set-doc-error").textContent = documentIdProblem($("set-doc").value.trim()) ?? "";
+  });
+  $("settings-form").addEventListener("submit", (event) => {
+    if (event.submitter?.value !== "save") return;
+    const doc = $("set-doc").value.trim();
+    const user = $("set-user").value.trim();
+    const problemText = documentIdProblem(doc);
+    if (problemText || !user) {
+      event.preventDefault();
+      $("set-doc-error").textContent = problemText ?? "the user may not be empty";
+      return;
+    }
+    const keep = $("set-keep").checked;
+    localStorage.setItem("cowrite.keepText", keep ? "1" : "0");
+    localStorage.setItem("cowrite.role", $("set-role").value);
+    localStorage.setItem("cowrite.user", user);
+    if (!keep) sessionStorage.removeItem(`cowrite.doc.${settings.doc}`);
+    window.cowrite?.editor?.sync.setKeep(keep);
+    settings.keepText = keep;
+    const current = new URLSearchParams(location.search);
+    if (current.has("keep")) { // the stored choice rules from now on
+      current.delete("keep");
+      history.replaceState(null, "", `?${current}`);
+    }
+    const next = { doc, user, role: $("set-role").value };
+    if (next.doc !== settings.doc || next.user !== settings.user || next.role !== settings.role) {
+      const search = new URLSearchParams(location.search);
+      search.delete("keep");
+      for (const [key, value] of Object.entries(next)) search.set(key, value);
+      location.search = search.toString();
+    }
+  });
+}

@@ -14,6 +14,16 @@
 // event it has already seen, answers `tool.call`s addressed to its client_id
 // with the registered handlers (once per call, even across reconnects), and
 // emits one DOM event per server event type plus "state" and "event".
+//
+// The refused-upgrade rule. A browser cannot see why a WebSocket upgrade
+// failed: an HTTP 404 (a document id the server rejects), a 403 (an Origin it
+// does not allow) and an unreachable server all end as close 1006 before the
+// socket ever opened. Retrying a refusal forever helps nobody, so until this
+// client has been welcomed once, `refusedLimit` (default 3) such closes in a
+// row stop it: state "closed" with `{code: 1006, refused: true, attempts}`.
+// Once welcomed, the server is known to accept this document from this page,
+// so the same closes mean a restarting server and are retried with backoff.
+// `refusedLimit: 0` retries forever; `connect()` starts counting afresh.
 
 /**
  * @typedef {{name: string, description?: string, parameters?: object, requires_approval?: boolean}} ToolSpec
@@ -52,8 +62,19 @@ export function closeAction(code) {
     case CLOSE.UNAUTHENTICATED: return "reauth";
     case CLOSE.NORMAL: case CLOSE.TOO_BIG: case CLOSE.FORBIDDEN: case CLOSE.TOO_MANY_INVALID:
       return "stop";
-    default: return "retry"; // 1001, 1005/1006 (network), 1011-1013, 4008, 4009, unknown
+    default: return "retry"; // 1001, 1005/1006 (network; see upgradeRefused), 1011-1013, 4008, 4009
   }
+}
+
+/**
+ * The refused-upgrade rule (see the top of this file): true when the client
+ * should stop rather than retry after this close.
+ * @param {{code: number, opened: boolean, unopened: number, welcomed: boolean, limit: number}} state
+ *   `unopened`: closes 1006 in a row, this one included, whose socket never opened.
+ * @returns {boolean}
+ */
+export function upgradeRefused({ code, opened, unopened, welcomed, limit }) {
+  return code === CLOSE.ABNORMAL && !opened && !welcomed && limit > 0 && unopened >= limit;
 }
 
 /**
@@ -106,7 +127,7 @@ export class CowriteClient extends EventTarget {
   /**
    * @param {{baseUrl: string, documentId: string, getToken: () => Promise<string>|string,
    *   clientId?: string, WebSocketImpl?: typeof WebSocket, backoff?: object,
-   *   setTimeout?: typeof setTimeout, now?: () => number}} options
+   *   setTimeout?: typeof setTimeout, now?: () => number, refusedLimit?: number}} options
    */
   constructor(options) {
     super();
@@ -126,6 +147,11 @@ export class CowriteClient extends EventTarget {
     /** @type {Set<string>} calls this client started executing */ this.executing = new Set();
     /** @type {Map<string, {resolve: Function, reject: Function}>} */ this.waiting = new Map();
     this.attempt = 0;
+    this.refusedLimit = options.refusedLimit ?? 3;
+    /** closes 1006 in a row whose socket never opened (the refused-upgrade rule) */
+    this.unopened = 0;
+    /** welcomed at least once: the server accepts this document from here */
+    this.welcomed = false;
     this.ws = null;
     this.stopped = false;
     this.counter = 0;
@@ -143,6 +169,7 @@ export class CowriteClient extends EventTarget {
 
   connect() {
     this.stopped = false;
+    this.unopened = 0;
     this.#open(this.state === "idle" ? "connecting" : "reconnecting");
   }
 
@@ -222,7 +249,9 @@ export class CowriteClient extends EventTarget {
     const url = `${this.baseUrl}/v1/documents/${encodeURIComponent(this.documentId)}/ws`;
     const ws = new this.WebSocketImpl(url, ["cowrite.v1"]);
     this.ws = ws;
+    let opened = false;
     ws.onopen = () => {
+      opened = true;
       ws.send(JSON.stringify({ type: "hello", protocol: 1, client_id: this.clientId, token,
                                resume: this.seq.resumePoint() }));
     };
@@ -232,7 +261,16 @@ export class CowriteClient extends EventTarget {
       this.ws = null;
       for (const { reject } of this.waiting.values()) reject(new Error("connection closed"));
       this.waiting.clear();
-      if (!this.stopped) this.#scheduleReconnect(close);
+      if (this.stopped) return;
+      this.unopened = !opened && close.code === CLOSE.ABNORMAL ? this.unopened + 1 : 0;
+      if (upgradeRefused({ code: close.code, opened, unopened: this.unopened,
+                           welcomed: this.welcomed, limit: this.refusedLimit })) {
+        this.#setState("closed", { code: close.code, refused: true, attempts: this.unopened,
+          reason: "the server refused the WebSocket upgrade (an invalid document id, " +
+                  "a disallowed Origin) or cannot be reached" });
+        return;
+      }
+      this.#scheduleReconnect(close);
     };
   }
 
@@ -250,6 +288,7 @@ export class CowriteClient extends EventTarget {
   #receive(event) {
     if (event.type === "welcome") {
       this.attempt = 0;
+      this.welcomed = true;
       this.welcome = event;
       this.seq.onWelcome(event);
       this.#setState("open", { resumed: event.resumed, resumeFailed: event.resume_failed });

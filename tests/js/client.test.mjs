@@ -2,7 +2,9 @@
 // against a fake WebSocket (the browser's API is the edge we do not own).
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { CLOSE, CowriteClient, SeqTracker, backoffDelay, closeAction } from "../../static/client.js";
+import {
+  CLOSE, CowriteClient, SeqTracker, backoffDelay, closeAction, upgradeRefused,
+} from "../../static/client.js";
 
 test("close codes decide whether to reconnect", () => {
   for (const code of [1001, 1005, 1006, 1011, 1012, 4008, 4009]) assert.equal(closeAction(code), "retry");
@@ -36,10 +38,16 @@ test("seq tracker drops what it has seen and knows where to resume", () => {
 
 class FakeSocket {
   static all = [];
+  /** when true, new sockets fail as a refused upgrade does in a browser: close 1006, never open */
+  static refuse = false;
   constructor(url, protocols) {
     Object.assign(this, { url, protocols, sent: [], readyState: 0 });
     FakeSocket.all.push(this);
-    queueMicrotask(() => { this.readyState = 1; this.onopen?.(); });
+    const refused = FakeSocket.refuse;
+    queueMicrotask(() => {
+      if (refused) this.serverClose(1006);
+      else { this.readyState = 1; this.onopen?.(); }
+    });
   }
   send(text) { this.sent.push(JSON.parse(text)); }
   close(code = 1000) { this.serverClose(code); }
@@ -49,6 +57,7 @@ class FakeSocket {
 
 function makeClient() {
   FakeSocket.all = [];
+  FakeSocket.refuse = false;
   const timers = [];
   const client = new CowriteClient({
     baseUrl: "ws://server", documentId: "doc 1", getToken: () => "tok", clientId: "tab-1",
@@ -154,4 +163,64 @@ test("startRun declares the registered tools and resolves with the ack", async (
   const refused = client.cancelRun("zzz");
   ws.serverSend({ type: "error", reply_to: ws.sent.at(-1).id, code: "run_not_found", message: "no" });
   await assert.rejects(refused, /no/);
+});
+
+test("refused-upgrade rule: only closes 1006 of sockets that never opened, before any welcome", () => {
+  const base = { code: 1006, opened: false, unopened: 3, welcomed: false, limit: 3 };
+  assert.equal(upgradeRefused(base), true);
+  assert.equal(upgradeRefused({ ...base, unopened: 2 }), false, "two may be a blip");
+  assert.equal(upgradeRefused({ ...base, opened: true }), false, "a drop after open is the network");
+  assert.equal(upgradeRefused({ ...base, code: 1011 }), false);
+  assert.equal(upgradeRefused({ ...base, welcomed: true, unopened: 50 }), false,
+    "once welcomed, the server is restarting: keep retrying");
+  assert.equal(upgradeRefused({ ...base, limit: 0, unopened: 50 }), false, "limit 0 disables it");
+});
+
+test("a refused upgrade stops after three attempts and says so; connect() tries again", async () => {
+  const { client, timers } = makeClient();
+  const states = [];
+  client.addEventListener("state", (e) => states.push(e.detail));
+  FakeSocket.refuse = true;
+  client.connect();
+  for (let i = 0; i < 10 && client.state !== "closed"; i += 1) {
+    await tick();
+    if (timers.length) timers.shift().fn();
+    await tick();
+  }
+  assert.equal(FakeSocket.all.length, 3, "three upgrades, then no loop");
+  assert.equal(client.state, "closed");
+  const last = states.at(-1);
+  assert.equal(last.refused, true);
+  assert.equal(last.code, 1006);
+  assert.equal(last.attempts, 3);
+  assert.match(last.reason, /refused the WebSocket upgrade/);
+  assert.equal(timers.length, 0, "no reconnect scheduled");
+
+  FakeSocket.refuse = false;
+  client.connect();
+  await tick();
+  assert.equal(FakeSocket.all.length, 4);
+  FakeSocket.all[3].serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: false });
+  assert.equal(client.state, "open");
+});
+
+test("after a welcome, refused upgrades are a restarting server: retried, never stopped", async () => {
+  const { client, timers } = makeClient();
+  client.connect();
+  await tick();
+  FakeSocket.all[0].serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: false });
+  FakeSocket.refuse = true;
+  FakeSocket.all[0].serverClose(1006);
+  for (let i = 0; i < 8; i += 1) {
+    assert.equal(timers.length, 1, `attempt ${i} scheduled`);
+    timers.shift().fn();
+    await tick(); await tick();
+  }
+  assert.equal(client.state, "reconnecting");
+  assert.equal(FakeSocket.all.length, 9);
+  FakeSocket.refuse = false;
+  timers.shift().fn();
+  await tick(); await tick();
+  FakeSocket.all.at(-1).serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: true });
+  assert.equal(client.state, "open");
 });
