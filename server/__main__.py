@@ -6,11 +6,16 @@ from server.app import create_app
 from server.lifecycle import DrainingServer, drain
 from server.runner import uvicorn_config
 from server.settings import Settings
+from server.tools.config import ConfigError
 
 
 def main() -> int:
     settings = Settings()
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except ConfigError as exc:  # one clear line, not a traceback
+        print(f"cowrite: {exc}", file=sys.stderr, flush=True)
+        return 2
     mode = "dev" if settings.dev else "production"
     backend = "redis" if settings.redis_url else "memory"
     print(
