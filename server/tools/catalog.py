@@ -170,6 +170,17 @@ class ToolCatalog:
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self._mcp))
 
+    async def changed(self) -> None:
+        """Return when an MCP server goes up or down or its tool list changes."""
+        waits = [asyncio.ensure_future(c.wait_changed()) for c in self._mcp]
+        if not waits:
+            await asyncio.Future()  # nothing can change: wait until cancelled
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+
     # Queries -----------------------------------------------------------------
 
     def specs(self) -> list[ServerToolSpec]:

@@ -85,11 +85,20 @@ class McpConnection:
         self._wake = asyncio.Event()
         self._lost = False
         self._attempted = asyncio.Event()
+        self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     @property
     def up(self) -> bool:
         return self._client is not None
+
+    async def wait_changed(self) -> None:
+        """Return at the next change of `up`, `problem` or `tools`."""
+        await self._changed.wait()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     async def start(self) -> None:
         """Begin connecting; return after the first attempt (bounded by the connect timeout)."""
@@ -151,6 +160,7 @@ class McpConnection:
             self._client = None
             self.problem = f"MCP server {self.name} is down ({reason}); restarting"
             self._attempted.set()
+            self._notify()
             await asyncio.sleep(delay * random.uniform(0.8, 1.2))
             delay = min(delay * 2, self.timings.retry_max_s)
 
@@ -180,6 +190,7 @@ class McpConnection:
                 await self._list_tools(client)
             self._client, self.problem, self.ever_up = client, None, True
             self._attempted.set()
+            self._notify()
             log.info("mcp server %s is up with %d tools", self.name, len(self.tools))
             async with anyio.create_task_group() as group:
                 if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
@@ -221,4 +232,7 @@ class McpConnection:
             cursor = page.next_cursor
             if cursor is None:
                 break
-        self.tools = convert_listing(self.config, listed)
+        tools = convert_listing(self.config, listed)
+        if tools != self.tools:
+            self.tools = tools
+            self._notify()
