@@ -84,6 +84,7 @@ class McpConnection:
         self._client: Client | None = None
         self._wake = asyncio.Event()
         self._lost = False
+        self._connected = False
         self._attempted = asyncio.Event()
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -135,9 +136,14 @@ class McpConnection:
 
     # The supervisor ---------------------------------------------------------
 
-    def _connection_lost(self) -> None:
+    def _connection_lost(self, reason: str = "connection lost") -> None:
+        """Stop offering the tools at once; the supervisor then reconnects."""
         self._lost = True
         self._wake.set()
+        if self._client is not None:
+            self._client = None
+            self.problem = f"MCP server {self.name} is down ({reason}); restarting"
+            self._notify()
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, mcp_types.ToolListChangedNotification):
@@ -149,13 +155,14 @@ class McpConnection:
         delay = self.timings.retry_min_s
         while True:
             reason = "it closed the connection"
+            self._connected = False
             try:
                 await self._session()
             except Exception as exc:  # any failure of the server: restart, never crash
                 reason = describe_failure(exc)
                 log.warning("mcp server %s is down (%s); restarting in the background",
                             self.name, reason, exc_info=exc)
-            if self.ever_up and self._client is not None:
+            if self._connected:
                 delay = self.timings.retry_min_s  # it worked: start the backoff over
             self._client = None
             self.problem = f"MCP server {self.name} is down ({reason}); restarting"
@@ -189,6 +196,7 @@ class McpConnection:
                 client = await stack.enter_async_context(self._connect())
                 await self._list_tools(client)
             self._client, self.problem, self.ever_up = client, None, True
+            self._connected = True
             self._attempted.set()
             self._notify()
             log.info("mcp server %s is up with %d tools", self.name, len(self.tools))
