@@ -16,6 +16,7 @@ no exception text ever reaches its `error`.
 import asyncio
 import logging
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -90,7 +91,7 @@ class ToolCatalog:
         self._static = self._load_python(config.tools)
         timings = mcp_timings or McpTimings()
         self._mcp = [McpConnection(c, timings) for c in config.mcp if c.enabled]
-        self._mcp_config = {c.name: c for c in config.mcp}
+        self._mcp_cache: dict[str, tuple[int, list[_Entry]]] = {}
 
     # Loading -----------------------------------------------------------------
 
@@ -122,6 +123,14 @@ class ToolCatalog:
                       tool.check)
 
     def _mcp_entries(self, connection: McpConnection) -> list[_Entry]:
+        """The entries of one server, rebuilt (validators too) only when its state changed."""
+        cached = self._mcp_cache.get(connection.name)
+        if cached is None or cached[0] != connection.version:
+            cached = (connection.version, self._build_mcp_entries(connection))
+            self._mcp_cache[connection.name] = cached
+        return cached[1]
+
+    def _build_mcp_entries(self, connection: McpConnection) -> list[_Entry]:
         config: McpServerConfig = connection.config
         source = f"mcp:{config.name}"
 
@@ -236,10 +245,20 @@ class ToolCatalog:
         if isinstance(checked, str) or entry is None or entry.run is None:
             usable = entry is not None and entry.problem is None
             return _failed(str(checked), "invalid_arguments" if usable else "unavailable")
-        timeout_s = entry.spec.timeout_s
+        started = time.monotonic()
+        result = await self._run(entry, checked, ctx)
+        ctx.logger.info("server tool %s (%s): %s in %.0f ms", name, entry.spec.source,
+                        result.error["code"] if result.error else result.status,
+                        (time.monotonic() - started) * 1000)
+        return result
+
+    async def _run(self, entry: _Entry, arguments: dict[str, Any], ctx: ToolContext
+                   ) -> ToolInvocation:
+        assert entry.run is not None
+        name, timeout_s = entry.spec.name, entry.spec.timeout_s
         try:
             async with asyncio.timeout(timeout_s) as deadline:
-                output = await entry.run(checked, ctx)
+                output = await entry.run(arguments, ctx)
         except ToolError as exc:
             return _failed(exc.message, "tool_error")
         except ToolUnavailable as exc:

@@ -81,6 +81,7 @@ class McpConnection:
         self.tools: list[McpTool] = []
         self.problem: str | None = "not started"
         self.ever_up = False
+        self.version = 0  # bumped on every change of up/problem/tools
         self._client: Client | None = None
         self._wake = asyncio.Event()
         self._lost = False
@@ -98,6 +99,7 @@ class McpConnection:
         await self._changed.wait()
 
     def _notify(self) -> None:
+        self.version += 1
         self._changed.set()
         self._changed = asyncio.Event()
 
