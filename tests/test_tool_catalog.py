@@ -241,3 +241,27 @@ mode = "chat"
          "mode": "chat", "tools": None},
     ]
     assert tools.workflow("nope") is None
+
+
+def test_mcp_names_and_result_mapping() -> None:
+    import mcp.types as mcp_types
+
+    from server.tools.context import ToolError
+    from server.tools.mcp_results import cowrite_name, tool_output
+
+    assert cowrite_name("files", "read.file/v2", {}) == "files__read_file_v2"
+    assert cowrite_name("files", "read", {"read": "cat"}) == "cat"
+    assert cowrite_name("files", "x" * 60, {}) is None  # too long: reported, not truncated
+    image = mcp_types.ImageContent(type="image", data="aGVsbG8h", mime_type="image/png")
+    text = mcp_types.TextContent(type="text", text="a picture")
+    mixed = mcp_types.CallToolResult(content=[text, image])
+    assert tool_output(mixed) == [
+        {"type": "text", "text": "a picture"},
+        {"type": "image", "data": "<6 bytes omitted>", "mimeType": "image/png"}]
+    two_texts = mcp_types.CallToolResult(content=[text, text])
+    assert tool_output(two_texts) == "a picture\na picture"
+    structured = mcp_types.CallToolResult(content=[text], structured_content={"n": 1})
+    assert tool_output(structured) == {"n": 1}
+    failed = mcp_types.CallToolResult(content=[], is_error=True)
+    with pytest.raises(ToolError, match="the MCP tool reported an error"):
+        tool_output(failed)
