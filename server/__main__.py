@@ -18,6 +18,7 @@ from server.app import create_app
 from server.lifecycle import DrainingServer, drain
 from server.runner import uvicorn_config
 from server.settings import Settings
+from server.tools.config import ConfigError
 
 
 def browser_url(configured_host: str, bound: tuple[object, ...]) -> str:
@@ -68,7 +69,11 @@ class AnnouncingServer(DrainingServer):
 
 def main() -> int:
     settings = Settings()
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except ConfigError as exc:  # one clear line, not a traceback
+        print(f"cowrite: {exc}", file=sys.stderr, flush=True)
+        return 2
     services = app.state.services
     server = AnnouncingServer(settings, uvicorn_config(app, settings, log_level="warning"),
                               on_shutdown=lambda: drain(services))

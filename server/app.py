@@ -25,7 +25,7 @@ from server.agent.machine import RunMachine
 from server.agent.remote import RunRouter
 from server.agent.steps import MachineConfig
 from server.agent.tools import BUILTIN_SERVER_TOOLS
-from server.auth import Authenticator, AuthError
+from server.auth import Authenticator, AuthError, Principal
 from server.backends.base import Backend
 from server.backends.memory import MemoryBackend
 from server.endpoint import DOCUMENT_ID_RE, document_socket
@@ -33,6 +33,8 @@ from server.observability import Metrics, configure_logging
 from server.services import Services
 from server.session import DocumentSession, SessionHub
 from server.settings import Settings
+from server.tools.catalog import ToolCatalog
+from server.tools.factory import build_catalog
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
@@ -97,6 +99,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     settings = settings or Settings()
     configure_logging(settings.json_logs, settings.log_level)
     services = build_services(settings)
+    tools: ToolCatalog = build_catalog(settings)  # ConfigError: refuse to start
     schema = orjson.dumps(build_schema())
 
     async def healthz(_: Request) -> Response:
@@ -112,21 +115,39 @@ def create_app(settings: Settings | None = None) -> Starlette:
     async def protocol_schema(_: Request) -> Response:
         return Response(schema, media_type="application/schema+json")
 
-    async def history(request: Request) -> Response:
-        document_id = request.path_params["document_id"]
-        if not DOCUMENT_ID_RE.fullmatch(document_id):
-            return _json({"error": "unknown document"}, 404)
+    def bearer(request: Request) -> Principal | Response:
+        """The caller's principal, or the 401 response for a bad or missing token."""
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         try:
             if scheme.lower() != "bearer":
                 raise AuthError("missing bearer token")
-            principal = services.auth.verify(token.strip())
+            return services.auth.verify(token.strip())
         except AuthError as exc:
             return _json({"error": str(exc)}, 401)
+
+    async def history(request: Request) -> Response:
+        document_id = request.path_params["document_id"]
+        if not DOCUMENT_ID_RE.fullmatch(document_id):
+            return _json({"error": "unknown document"}, 404)
+        principal = bearer(request)
+        if isinstance(principal, Response):
+            return principal
         if not principal.may_open(document_id):
             return _json({"error": "this token does not grant the document"}, 403)
         messages = await services.backend.read_history(document_id)
         return _json({"document_id": document_id, "messages": messages})
+
+    async def list_tools(request: Request) -> Response:
+        denied = bearer(request)
+        if isinstance(denied, Response):
+            return denied
+        return _json({"tools": tools.describe()})
+
+    async def list_workflows(request: Request) -> Response:
+        denied = bearer(request)
+        if isinstance(denied, Response):
+            return denied
+        return _json({"workflows": [w.public() for w in tools.workflows()]})
 
     async def dev_token(request: Request) -> Response:
         if not settings.dev or not _is_loopback(request):
@@ -146,12 +167,14 @@ def create_app(settings: Settings | None = None) -> Starlette:
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         await services.backend.start()
         await services.router.start()
+        await tools.start()
         try:
             yield
         finally:
             for session in list(services.hub.sessions.values()):
                 await session.runs.shutdown()
             await services.router.stop()
+            await tools.close()
             await services.runs.llm.close()
             await services.backend.close()
 
@@ -162,10 +185,13 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/metrics", metrics),
         Route("/v1/protocol/schema", protocol_schema),
         Route("/v1/documents/{document_id:path}/history", history),
+        Route("/v1/tools", list_tools),
+        Route("/v1/workflows", list_workflows),
         Route("/v1/dev/token", dev_token, methods=["POST"]),
         WebSocketRoute("/v1/documents/{document_id:path}/ws", document_socket),
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.services = services
+    app.state.tools = tools
     return app

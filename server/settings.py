@@ -5,6 +5,7 @@ Nothing reads `os.environ` at import time: `create_app(settings)` receives a
 process. Every field here is listed in README's configuration table.
 """
 
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
@@ -65,6 +66,13 @@ class Settings(BaseSettings):
     client_grace_s: float = 30.0
     server_tool_timeout_s: float = 10.0
     run_lease_s: float = 10.0
+
+    # Server tools and MCP servers (section 15)
+    config: Path | None = None
+    mcp_connect_timeout_s: float = Field(default=10.0, gt=0)
+    mcp_retry_min_s: float = Field(default=0.5, gt=0)
+    mcp_retry_max_s: float = Field(default=30.0, gt=0)
+    mcp_poll_s: float = Field(default=30.0, gt=0)
 
     @field_validator("allowed_origins", "allowed_models", mode="before")
     @classmethod

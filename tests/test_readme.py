@@ -20,3 +20,15 @@ def test_every_setting_is_in_the_configuration_table() -> None:
 
 def test_quick_start_commands() -> None:
     assert "make run" in README and "make test" in README
+
+
+def test_the_tool_config_example_is_valid() -> None:
+    import tomllib
+
+    from server.tools.config import parse_config
+
+    section = README.split("## Server tools and MCP servers", 1)[1]
+    example = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    config = parse_config(tomllib.loads(example))
+    assert [m.name for m in config.mcp] == ["notes", "files"]
+    assert [w.name for w in config.workflows] == ["proofread"]

@@ -1,0 +1,280 @@
+"""The server tools of one cowrite instance, from every source, behind one interface.
+
+Sources, in priority order: the built-ins, the `[[tools]]` Python tools, then
+the `[[mcp]]` servers, each in file order. Names are unique across sources:
+when two entries want the same name, the first keeps it and the later one is
+reported unavailable with a `problem` naming the other, never silently
+shadowed. Tools that cannot be loaded, and MCP servers that are down, are
+reported (`describe()`) but not offered (`specs()`); startup never fails
+because of them, only because of an invalid config file.
+
+`invoke` never raises (except CancelledError, which it lets through so that
+an abort reaches the running tool): every outcome is a `ToolInvocation`, and
+no exception text ever reaches its `error`.
+"""
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import jsonschema
+
+from server.tools.builtin import BUILTIN_IMPORTS
+from server.tools.config import CowriteConfig, McpServerConfig, PythonToolConfig, Workflow
+from server.tools.context import ToolContext, ToolError, ToolUnavailable
+from server.tools.mcp_results import placeholder_names
+from server.tools.mcp_source import McpConnection, McpTimings
+from server.tools.pytools import PythonTool, ToolLoadError, load_python_tool
+
+log = logging.getLogger("cowrite.tools")
+
+
+@dataclass(frozen=True)
+class ServerToolSpec:
+    """A tool the server runs itself, as the run engine offers it to the model."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]  # JSON Schema object
+    source: str  # "builtin" | "python" | "mcp:<server>"
+    requires_approval: bool
+    timeout_s: float
+    idempotent: bool
+
+
+@dataclass(frozen=True)
+class ToolInvocation:
+    """What `invoke` returns: `error` is `{"message", "code"}`, safe for the model."""
+
+    status: Literal["ok", "error", "timeout"]
+    output: Any = None
+    error: dict[str, Any] | None = None
+
+
+def _failed(message: str, code: str) -> ToolInvocation:
+    return ToolInvocation("error", error={"message": message, "code": code})
+
+
+@dataclass
+class _Entry:
+    spec: ServerToolSpec
+    problem: str | None
+    run: Callable[[dict[str, Any], ToolContext], Awaitable[Any]] | None = None
+    check: Callable[[dict[str, Any]], str | None] = field(default=lambda _: None)
+
+
+def _jsonschema_check(name: str, schema: dict[str, Any]) -> Callable[[dict[str, Any]], str | None]:
+    validator = jsonschema.Draft202012Validator(schema)
+
+    def check(arguments: dict[str, Any]) -> str | None:
+        errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))
+        if not errors:
+            return None
+        where = "/".join(str(p) for p in errors[0].absolute_path) or "(arguments)"
+        return f"invalid arguments for {name} at {where}: {errors[0].message}"
+
+    return check
+
+
+class ToolCatalog:
+    """Built-in, Python and MCP server tools, plus the operator's workflows."""
+
+    def __init__(self, config: CowriteConfig | None = None, *, default_timeout_s: float = 10.0,
+                 mcp_timings: McpTimings | None = None) -> None:
+        config = config or CowriteConfig()
+        self.default_timeout_s = default_timeout_s
+        self._workflows = {w.name: w for w in config.workflows}
+        self._static = self._load_python(config.tools)
+        timings = mcp_timings or McpTimings()
+        self._mcp = [McpConnection(c, timings) for c in config.mcp if c.enabled]
+        self._mcp_cache: dict[str, tuple[int, list[_Entry]]] = {}
+
+    # Loading -----------------------------------------------------------------
+
+    def _load_python(self, entries: list[PythonToolConfig]) -> list[_Entry]:
+        by_import = {e.import_: e for e in entries}
+        ordered = [(imp, by_import.get(imp), "builtin") for imp in BUILTIN_IMPORTS]
+        ordered += [(e.import_, e, "python") for e in entries if e.import_ not in BUILTIN_IMPORTS]
+        loaded = []
+        for import_string, entry, source in ordered:
+            if entry is not None and not entry.enabled:
+                continue
+            entry = entry or PythonToolConfig.model_validate({"import": import_string})
+            loaded.append(self._python_entry(import_string, entry, source))
+        return loaded
+
+    def _python_entry(self, import_string: str, entry: PythonToolConfig, source: str) -> _Entry:
+        def spec(name: str, description: str, parameters: dict[str, Any]) -> ServerToolSpec:
+            return ServerToolSpec(
+                name, description, parameters, source, entry.requires_approval,
+                entry.timeout_s or self.default_timeout_s, entry.idempotent)
+
+        try:
+            tool: PythonTool = load_python_tool(import_string, entry.name)
+        except ToolLoadError as exc:
+            log.warning("tool %s is unavailable: %s", import_string, exc, exc_info=exc.__cause__)
+            name = entry.name or import_string.rpartition(":")[2].rpartition(".")[2]
+            return _Entry(spec(name, "", {"type": "object", "properties": {}}), str(exc))
+        return _Entry(spec(tool.name, tool.description, tool.parameters), None, tool.call,
+                      tool.check)
+
+    def _mcp_entries(self, connection: McpConnection) -> list[_Entry]:
+        """The entries of one server, rebuilt (validators too) only when its state changed."""
+        cached = self._mcp_cache.get(connection.name)
+        if cached is None or cached[0] != connection.version:
+            cached = (connection.version, self._build_mcp_entries(connection))
+            self._mcp_cache[connection.name] = cached
+        return cached[1]
+
+    def _build_mcp_entries(self, connection: McpConnection) -> list[_Entry]:
+        config: McpServerConfig = connection.config
+        source = f"mcp:{config.name}"
+
+        def spec(name: str, description: str, parameters: dict[str, Any]) -> ServerToolSpec:
+            return ServerToolSpec(
+                name, description, parameters, source, config.requires_approval,
+                config.timeout_s or self.default_timeout_s, config.idempotent)
+
+        if not connection.ever_up:
+            return [_Entry(spec(name, f"tools of MCP server {config.name}",
+                                {"type": "object", "properties": {}}), connection.problem)
+                    for name in placeholder_names(config)]
+        entries = []
+        for tool in connection.tools:
+            problem = tool.problem or connection.problem
+
+            async def run(arguments: dict[str, Any], _: ToolContext, mcp_name: str = tool.mcp_name
+                          ) -> Any:
+                return await connection.call(mcp_name, arguments)
+
+            entries.append(_Entry(spec(tool.name, tool.description, tool.parameters), problem,
+                                  run, _jsonschema_check(tool.name, tool.parameters)))
+        return entries
+
+    def _resolve(self) -> tuple[dict[str, _Entry], list[_Entry]]:
+        """Every tool by name, first come first served, and the later duplicates."""
+        resolved: dict[str, _Entry] = {}
+        duplicates: list[_Entry] = []
+        for entry in [*self._static, *(e for c in self._mcp for e in self._mcp_entries(c))]:
+            if entry.spec.name in resolved:
+                other = resolved[entry.spec.name].spec.source
+                duplicates.append(_Entry(entry.spec, f"duplicate name: also defined by {other}"))
+            else:
+                resolved[entry.spec.name] = entry
+        return resolved, duplicates
+
+    def _entries(self) -> dict[str, _Entry]:
+        return self._resolve()[0]
+
+    # Lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect every MCP server; each gets one attempt before this returns."""
+        await asyncio.gather(*(c.start() for c in self._mcp))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.close() for c in self._mcp))
+
+    async def changed(self) -> None:
+        """Return when an MCP server goes up or down or its tool list changes."""
+        waits = [asyncio.ensure_future(c.wait_changed()) for c in self._mcp]
+        if not waits:
+            await asyncio.Future()  # nothing can change: wait until cancelled
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+
+    # Queries -----------------------------------------------------------------
+
+    def specs(self) -> list[ServerToolSpec]:
+        """The tools available now (a list to offer the model)."""
+        return [e.spec for e in self._entries().values() if e.problem is None]
+
+    def spec(self, name: str) -> ServerToolSpec | None:
+        entry = self._entries().get(name)
+        return entry.spec if entry is not None and entry.problem is None else None
+
+    def describe(self) -> list[dict[str, Any]]:
+        """`GET /v1/tools` entries, the unavailable ones included (disabled ones are not)."""
+        resolved, duplicates = self._resolve()
+        entries = [*resolved.values(), *duplicates]
+        described = []
+        for entry in entries:
+            item: dict[str, Any] = {
+                "name": entry.spec.name, "description": entry.spec.description,
+                "parameters": entry.spec.parameters, "source": entry.spec.source,
+                "requires_approval": entry.spec.requires_approval,
+                "available": entry.problem is None,
+            }
+            if entry.problem is not None:
+                item["problem"] = entry.problem
+            described.append(item)
+        return described
+
+    def check(self, name: str, arguments: dict[str, Any]) -> dict[str, Any] | str:
+        """The arguments when the call is valid, else the error message for the model."""
+        entry = self._entries().get(name)
+        if entry is None:
+            return f"unknown server tool {name!r}"
+        if entry.problem is not None:
+            return f"tool {name} is unavailable: {entry.problem}"
+        if not isinstance(arguments, dict):
+            return f"arguments of {name} must be a JSON object"
+        problem = entry.check(arguments)
+        return arguments if problem is None else problem
+
+    def workflows(self) -> list[Workflow]:
+        return list(self._workflows.values())
+
+    def workflow(self, name: str) -> Workflow | None:
+        return self._workflows.get(name)
+
+    # Calls -------------------------------------------------------------------
+
+    async def invoke(self, name: str, arguments: dict[str, Any], ctx: ToolContext
+                     ) -> ToolInvocation:
+        """Run one tool call to its end; cancelling the caller cancels the tool."""
+        entry = self._entries().get(name)
+        checked = self.check(name, arguments)
+        if isinstance(checked, str) or entry is None or entry.run is None:
+            usable = entry is not None and entry.problem is None
+            return _failed(str(checked), "invalid_arguments" if usable else "unavailable")
+        started = time.monotonic()
+        result = await self._run(entry, checked, ctx)
+        ctx.logger.info("server tool %s (%s): %s in %.0f ms", name, entry.spec.source,
+                        result.error["code"] if result.error else result.status,
+                        (time.monotonic() - started) * 1000)
+        return result
+
+    async def _run(self, entry: _Entry, arguments: dict[str, Any], ctx: ToolContext
+                   ) -> ToolInvocation:
+        assert entry.run is not None
+        name, timeout_s = entry.spec.name, entry.spec.timeout_s
+        try:
+            async with asyncio.timeout(timeout_s) as deadline:
+                output = await entry.run(arguments, ctx)
+        except ToolError as exc:
+            return _failed(exc.message, "tool_error")
+        except ToolUnavailable as exc:
+            return _failed(exc.message, "unavailable")
+        except TimeoutError:
+            if not deadline.expired():
+                return self._internal(name, ctx)
+            return ToolInvocation(
+                "timeout", error={"message": f"{name} took longer than {timeout_s:g} s",
+                                  "code": "timeout"})
+        except Exception:
+            return self._internal(name, ctx)
+        return ToolInvocation("ok", output=output)
+
+    @staticmethod
+    def _internal(name: str, ctx: ToolContext) -> ToolInvocation:
+        ref = secrets.token_hex(4)
+        ctx.logger.exception("server tool %s failed (ref %s)", name, ref)
+        return _failed(f"tool failed (ref {ref})", "internal")

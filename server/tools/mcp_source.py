@@ -1,0 +1,248 @@
+"""One MCP server, kept connected in the background through the official `mcp` SDK.
+
+A supervisor task owns the SDK `Client` (its anyio task group must be entered
+and left by one task) and loops: connect, list the tools, watch, and when the
+connection is lost, reconnect with exponential backoff and jitter. A crash of
+the server therefore never reaches cowrite: calls made while it is down fail
+fast with ToolUnavailable (a tool error for the model), and its tools come
+back when it does.
+
+Watching: `notifications/tools/list_changed` triggers a new listing. On a
+2026-07-28 connection the server only sends it on a `subscriptions/listen`
+stream, which we keep open (its abrupt end also tells us the connection is
+gone); on older connections it arrives through the message handler. Every
+`poll_s` the tools are listed again anyway, which doubles as a liveness probe
+for servers that offer neither.
+
+Cancellation: the caller's task runs `call_tool` itself, so cancelling it
+cancels the SDK request, which sends `notifications/cancelled` to the server.
+"""
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import mcp.types as mcp_types
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
+from mcp.types.version import MODERN_PROTOCOL_VERSIONS
+
+from server.tools.config import McpServerConfig
+from server.tools.context import ToolError, ToolUnavailable
+from server.tools.mcp_results import McpTool, convert_listing, tool_output
+
+log = logging.getLogger("cowrite.tools.mcp")
+
+_CONNECTION_ERRORS = (OSError, anyio.ClosedResourceError, anyio.BrokenResourceError,
+                      anyio.EndOfStream)
+
+
+@dataclass(frozen=True)
+class McpTimings:
+    """Reconnect and probe timings (COWRITE_MCP_* settings)."""
+
+    connect_timeout_s: float = 10.0
+    retry_min_s: float = 0.5
+    retry_max_s: float = 30.0
+    poll_s: float = 30.0
+
+
+def describe_failure(exc: BaseException) -> str:
+    """A short, safe reason (no exception text: it is served by GET /v1/tools)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, TimeoutError):
+        return "no answer in time"
+    if isinstance(exc, FileNotFoundError | PermissionError):
+        return "its command cannot be started"
+    if isinstance(exc, MCPError):
+        return "connection closed" if exc.code == mcp_types.CONNECTION_CLOSED \
+            else f"MCP error {exc.code}"
+    if isinstance(exc, _CONNECTION_ERRORS):
+        return "connection lost"
+    return type(exc).__name__
+
+
+class McpConnection:
+    """The live state of one `[[mcp]]` server: its tools, whether it is up, why not."""
+
+    def __init__(self, config: McpServerConfig, timings: McpTimings) -> None:
+        self.config = config
+        self.name = config.name
+        self.timings = timings
+        self.tools: list[McpTool] = []
+        self.problem: str | None = "not started"
+        self.ever_up = False
+        self.version = 0  # bumped on every change of up/problem/tools
+        self._client: Client | None = None
+        self._wake = asyncio.Event()
+        self._lost = False
+        self._connected = False
+        self._attempted = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def up(self) -> bool:
+        return self._client is not None
+
+    async def wait_changed(self) -> None:
+        """Return at the next change of `up`, `problem` or `tools`."""
+        await self._changed.wait()
+
+    def _notify(self) -> None:
+        self.version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def start(self) -> None:
+        """Begin connecting; return after the first attempt (bounded by the connect timeout)."""
+        self._task = asyncio.create_task(self._supervise(), name=f"mcp:{self.name}")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.timings.connect_timeout_s + 1):
+                await self._attempted.wait()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def call(self, mcp_name: str, arguments: dict[str, Any]) -> Any:
+        """Call one tool; ToolUnavailable when the server is down, ToolError when it says no."""
+        client = self._client
+        if client is None:
+            raise ToolUnavailable(f"MCP server {self.name} is not reachable right now; "
+                                  "try again later")
+        try:
+            result = await client.call_tool(mcp_name, arguments)
+        except MCPError as exc:
+            if exc.code == mcp_types.CONNECTION_CLOSED:
+                self._connection_lost()
+                raise ToolUnavailable(f"MCP server {self.name} went away during the call") from exc
+            log.warning("mcp server %s refused %s: %s", self.name, mcp_name, exc.error.message)
+            raise ToolError(f"MCP server {self.name} refused the call (error {exc.code})") from exc
+        except _CONNECTION_ERRORS as exc:
+            self._connection_lost()
+            raise ToolUnavailable(f"MCP server {self.name} went away during the call") from exc
+        return tool_output(result)
+
+    # The supervisor ---------------------------------------------------------
+
+    def _connection_lost(self, reason: str = "connection lost") -> None:
+        """Stop offering the tools at once; the supervisor then reconnects."""
+        self._lost = True
+        self._wake.set()
+        if self._client is not None:
+            self._client = None
+            self.problem = f"MCP server {self.name} is down ({reason}); restarting"
+            self._notify()
+
+    async def _on_message(self, message: Any) -> None:
+        if isinstance(message, mcp_types.ToolListChangedNotification):
+            self._wake.set()
+        elif isinstance(message, Exception):
+            log.debug("mcp server %s transport: %r", self.name, message)
+
+    async def _supervise(self) -> None:
+        delay = self.timings.retry_min_s
+        while True:
+            reason = "it closed the connection"
+            self._connected = False
+            try:
+                await self._session()
+            except Exception as exc:  # any failure of the server: restart, never crash
+                reason = describe_failure(exc)
+                log.warning("mcp server %s is down (%s); restarting in the background",
+                            self.name, reason, exc_info=exc)
+            if self._connected:
+                delay = self.timings.retry_min_s  # it worked: start the backoff over
+            self._client = None
+            self.problem = f"MCP server {self.name} is down ({reason}); restarting"
+            self._attempted.set()
+            self._notify()
+            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+            delay = min(delay * 2, self.timings.retry_max_s)
+
+    @contextlib.asynccontextmanager
+    async def _connect(self) -> AsyncIterator[Client]:
+        info = mcp_types.Implementation(name="cowrite", version="1.1")
+        async with contextlib.AsyncExitStack() as stack:
+            if self.config.url is not None:
+                http = await stack.enter_async_context(
+                    create_mcp_http_client(headers=self.config.headers))
+                client = Client(streamable_http_client(self.config.url, http_client=http),
+                                message_handler=self._on_message, client_info=info)
+            else:
+                command = self.config.command or []
+                params = StdioServerParameters(
+                    command=command[0], args=command[1:], env=self.config.env,
+                    cwd=self.config.cwd)
+                client = Client(params, message_handler=self._on_message, client_info=info)
+            yield await stack.enter_async_context(client)
+
+    async def _session(self) -> None:
+        self._lost = False
+        self._wake.clear()
+        async with contextlib.AsyncExitStack() as stack:
+            async with asyncio.timeout(self.timings.connect_timeout_s):
+                client = await stack.enter_async_context(self._connect())
+                await self._list_tools(client)
+            self._client, self.problem, self.ever_up = client, None, True
+            self._connected = True
+            self._attempted.set()
+            self._notify()
+            log.info("mcp server %s is up with %d tools", self.name, len(self.tools))
+            async with anyio.create_task_group() as group:
+                if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                    group.start_soon(self._listen, client)
+                await self._watch(client)
+                group.cancel_scope.cancel()
+
+    async def _watch(self, client: Client) -> None:
+        """Relist on change notifications and every poll_s; return when the connection is lost."""
+        while True:
+            with anyio.move_on_after(self.timings.poll_s):
+                await self._wake.wait()
+            self._wake.clear()
+            if self._lost:
+                return
+            async with asyncio.timeout(self.timings.connect_timeout_s):
+                await self._list_tools(client)
+
+    async def _listen(self, client: Client) -> None:
+        while True:
+            try:
+                async with client.listen(tools_list_changed=True) as subscription:
+                    async for _event in subscription:
+                        self._wake.set()
+            except (ListenNotSupportedError, MCPError):
+                return  # the server offers no listen stream: polling only
+            except SubscriptionLost:
+                self._connection_lost()
+                return
+            self._wake.set()  # a graceful end: relist (a probe), then listen again
+            await anyio.sleep(self.timings.retry_min_s)
+
+    async def _list_tools(self, client: Client) -> None:
+        listed: list[mcp_types.Tool] = []
+        cursor: str | None = None
+        for _ in range(100):
+            page = await client.list_tools(cursor=cursor, cache_mode="refresh")
+            listed.extend(page.tools)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        tools = convert_listing(self.config, listed)
+        if tools != self.tools:
+            self.tools = tools
+            self._notify()

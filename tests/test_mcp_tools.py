@@ -1,0 +1,233 @@
+"""MCP servers through the official SDK: a real MCPServer over stdio (a subprocess)
+and over streamable HTTP (uvicorn on a free port), both started by the tests."""
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import uvicorn
+from starlette.types import Receive, Scope, Send
+
+from server.tools.catalog import ToolCatalog
+from tests.harness import free_port
+from tests.mcp_fixture_server import build
+from tests.tool_support import catalog, file_says, tool_context, until
+
+ROOT = Path(__file__).resolve().parent.parent
+STDIO = f"""
+[[mcp]]
+name = "fx"
+command = [{orjson.dumps(sys.executable).decode()}, "-m", "tests.mcp_fixture_server"]
+cwd = {orjson.dumps(str(ROOT)).decode()}
+"""
+
+
+@contextlib.asynccontextmanager
+async def started(toml: str) -> AsyncIterator[ToolCatalog]:
+    tools = catalog(toml)
+    await tools.start()
+    try:
+        yield tools
+    finally:
+        await tools.close()
+
+
+def available(tools: ToolCatalog) -> dict[str, bool]:
+    return {entry["name"]: entry["available"] for entry in tools.describe()}
+
+
+async def test_stdio_listing_calls_and_result_mapping() -> None:
+    async with started(STDIO) as tools:
+        described = {e["name"]: e for e in tools.describe() if e["source"] == "mcp:fx"}
+        assert set(described) == {"fx__add", "fx__shout", "fx__pid", "fx__slow", "fx__refuse",
+                                  "fx__dotted_name", "fx__grow"}
+        add = described["fx__add"]
+        assert add["available"] and add["requires_approval"]  # MCP default: approval
+        assert add["description"] == "Add two integers."
+        assert add["parameters"]["required"] == ["a", "b"]
+        assert tools.check("fx__add", {"a": 1, "b": "two"}) == (
+            "invalid arguments for fx__add at b: 'two' is not of type 'integer'")
+        ctx = tool_context()
+        structured = await tools.invoke("fx__add", {"a": 2, "b": 3}, ctx)
+        assert (structured.status, structured.output) == ("ok", {"result": 5})
+        text = await tools.invoke("fx__shout", {"text": "hi"}, ctx)
+        assert (text.status, text.output) == ("ok", "HI")
+        dotted = await tools.invoke("fx__dotted_name", {}, ctx)
+        assert dotted.output == {"result": "dotted"}
+        refused = await tools.invoke("fx__refuse", {}, ctx)
+        assert refused.status == "error"
+        assert refused.error == {"message": "Error executing tool refuse: the fixture refuses",
+                                 "code": "tool_error"}
+
+
+async def test_allowlist_rename_and_approval_from_the_config() -> None:
+    config = STDIO + 'requires_approval = false\ntools = ["add", "shout"]\n' \
+                     'rename = { shout = "yell" }\ntimeout_s = 7\n'
+    async with started(config) as tools:
+        specs = {s.name: s for s in tools.specs()}
+        assert set(specs) == {"text_stats", "fx__add", "yell"}
+        assert not specs["yell"].requires_approval and specs["yell"].timeout_s == 7
+        yelled = await tools.invoke("yell", {"text": "quiet"}, tool_context())
+        assert yelled.output == "QUIET"
+        blocked = await tools.invoke("fx__pid", {}, tool_context())
+        assert blocked.error == {"message": "unknown server tool 'fx__pid'",
+                                 "code": "unavailable"}
+
+
+async def test_cancelling_the_caller_cancels_the_mcp_call(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    async with started(STDIO) as tools:
+        call = asyncio.create_task(tools.invoke(
+            "fx__slow", {"key": "k1", "seconds": 30, "log": str(log)}, tool_context()))
+        await file_says(log, "started k1")
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+        assert call.cancelled()
+        await file_says(log, "cancelled k1")  # notifications/cancelled reached the server
+        after = await tools.invoke("fx__add", {"a": 1, "b": 1}, tool_context())
+        assert after.output == {"result": 2}  # the connection is still good
+
+
+async def test_timeout_ends_the_call_and_the_server_sees_the_cancellation(tmp_path: Path
+                                                                           ) -> None:
+    log = tmp_path / "server.log"
+    async with started(STDIO + "timeout_s = 0.5\n") as tools:
+        result = await tools.invoke("fx__slow", {"key": "k2", "seconds": 30, "log": str(log)},
+                                    tool_context())
+        assert result.status == "timeout"
+        assert result.error == {"message": "fx__slow took longer than 0.5 s", "code": "timeout"}
+        await file_says(log, "cancelled k2")
+
+
+async def test_server_killed_mid_call_gives_a_tool_error_and_comes_back(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    async with started(STDIO) as tools:
+        ctx = tool_context()
+        first_pid = (await tools.invoke("fx__pid", {}, ctx)).output["result"]
+        call = asyncio.create_task(tools.invoke(
+            "fx__slow", {"key": "k3", "seconds": 30, "log": str(log)}, ctx))
+        await file_says(log, "started k3")
+        os.kill(first_pid, signal.SIGKILL)
+        result = await asyncio.wait_for(call, 10)
+        assert result.status == "error"
+        assert result.error == {"message": "MCP server fx went away during the call",
+                                "code": "unavailable"}
+        await until(tools, lambda: available(tools).get("fx__pid") is True)
+        second_pid = (await tools.invoke("fx__pid", {}, ctx)).output["result"]
+        assert second_pid != first_pid
+
+
+async def test_tool_list_changed_refreshes_the_listing() -> None:
+    async with started(STDIO) as tools:
+        assert "fx__extra" not in available(tools)
+        grown = await tools.invoke("fx__grow", {}, tool_context())
+        assert grown.output == {"result": "grown"}
+        await until(tools, lambda: available(tools).get("fx__extra") is True)
+        extra = await tools.invoke("fx__extra", {}, tool_context())
+        assert extra.output == {"result": "extra!"}
+
+
+async def test_server_that_cannot_start_is_reported_and_calls_fail_cleanly() -> None:
+    config = '[[mcp]]\nname = "ghost"\ncommand = ["/nonexistent/ghost-mcp"]\n' \
+             '[[mcp]]\nname = "listed"\ncommand = ["/nonexistent/ghost-mcp"]\ntools = ["a.b"]\n'
+    async with started(config) as tools:
+        described = {e["name"]: e for e in tools.describe()}
+        assert described["text_stats"]["available"]
+        ghost = described["ghost__*"]
+        assert not ghost["available"] and ghost["source"] == "mcp:ghost"
+        assert ghost["problem"] == ("MCP server ghost is down (its command cannot be started); "
+                                    "restarting")
+        assert not described["listed__a_b"]["available"]
+        result = await tools.invoke("listed__a_b", {}, tool_context())
+        assert result.status == "error" and result.error is not None
+        assert result.error["code"] == "unavailable"
+        assert "/nonexistent" not in result.error["message"]
+
+
+# Streamable HTTP ---------------------------------------------------------------
+
+
+class HttpMcp:
+    """The fixture MCPServer served by uvicorn on `port`; records Authorization headers."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.authorization: list[str] = []
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        inner = build().streamable_http_app()
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http":
+                headers: dict[bytes, bytes] = dict(scope["headers"])
+                self.authorization.append(headers.get(b"authorization", b"").decode())
+            await inner(scope, receive, send)
+
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                lifespan="on", timeout_graceful_shutdown=1)
+        self._server = uvicorn.Server(config)
+        self._task = asyncio.create_task(self._server.serve())
+        while not self._server.started:
+            assert not self._task.done(), "MCP HTTP server did not start"
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        assert self._server is not None and self._task is not None
+        self._server.should_exit = True
+        await asyncio.wait_for(self._task, 10)
+
+
+def http_config(port: int, extra: str = "") -> str:
+    return (f'[[mcp]]\nname = "web"\nurl = "http://127.0.0.1:{port}/mcp"\n'
+            f'headers = {{ Authorization = "Bearer mcp-secret" }}\n{extra}')
+
+
+async def test_http_listing_calls_headers_and_cancellation(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    server = HttpMcp(free_port())
+    await server.start()
+    try:
+        async with started(http_config(server.port)) as tools:
+            assert available(tools)["web__add"] is True
+            added = await tools.invoke("web__add", {"a": 20, "b": 22}, tool_context())
+            assert added.output == {"result": 42}
+            assert server.authorization and set(server.authorization) == {"Bearer mcp-secret"}
+            call = asyncio.create_task(tools.invoke(
+                "web__slow", {"key": "h1", "seconds": 30, "log": str(log)}, tool_context()))
+            await file_says(log, "started h1")
+            call.cancel()
+            await asyncio.gather(call, return_exceptions=True)
+            await file_says(log, "cancelled h1")
+    finally:
+        await server.stop()
+
+
+async def test_http_server_down_then_back(tmp_path: Path) -> None:
+    port = free_port()
+    server = HttpMcp(port)
+    await server.start()
+    async with started(http_config(port)) as tools:
+        assert available(tools)["web__add"] is True
+        await server.stop()
+        down: Any = await tools.invoke("web__add", {"a": 1, "b": 2}, tool_context())
+        assert down.status == "error" and down.error["code"] == "unavailable"
+        assert down.error["message"].startswith("MCP server web ")
+        await until(tools, lambda: available(tools)["web__add"] is False)
+        assert tools.spec("web__add") is None
+        server = HttpMcp(port)
+        await server.start()
+        try:
+            await until(tools, lambda: available(tools)["web__add"] is True)
+            back = await tools.invoke("web__add", {"a": 1, "b": 2}, tool_context())
+            assert back.output == {"result": 3}
+        finally:
+            await tools.close()
+            await server.stop()

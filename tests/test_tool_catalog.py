@@ -1,0 +1,267 @@
+"""Python server tools, the built-in, the config file and workflows (no MCP here)."""
+
+import asyncio
+import logging
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from server.tools.config import ConfigError, load_config, parse_config
+from tests import tool_fixtures
+from tests.tool_support import catalog, tool_context
+
+FIXTURES = """
+[[tools]]
+import = "tests.tool_fixtures:greet"
+[[tools]]
+import = "tests.tool_fixtures:refuse"
+requires_approval = true
+idempotent = true
+[[tools]]
+import = "tests.tool_fixtures:explode"
+[[tools]]
+import = "tests.tool_fixtures:sleepy"
+timeout_s = 0.3
+"""
+
+
+def by_name(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {entry["name"]: entry for entry in entries}
+
+
+def test_schema_comes_from_type_hints_and_context_is_hidden() -> None:
+    tools = catalog(FIXTURES)
+    spec = {s.name: s for s in tools.specs()}["greet"]
+    assert spec.source == "python" and spec.description == "Greet someone by name."
+    assert spec.parameters["required"] == ["name"]
+    assert set(spec.parameters["properties"]) == {"name", "times", "shout"}  # no ctx
+    assert spec.parameters["properties"]["name"]["description"] == "Who to greet."
+    assert spec.parameters["properties"]["times"] == {"default": 1, "title": "Times",
+                                                      "type": "integer"}
+    assert spec.parameters["additionalProperties"] is False
+    assert not spec.requires_approval and spec.timeout_s == 5.0 and not spec.idempotent
+    refuse = {s.name: s for s in tools.specs()}["refuse"]
+    assert refuse.requires_approval and refuse.idempotent
+
+
+def test_check_validates_arguments_against_the_hints() -> None:
+    tools = catalog(FIXTURES)
+    assert tools.check("greet", {"name": "Ann", "times": 2}) == {"name": "Ann", "times": 2}
+    assert tools.check("greet", {"name": ""}) == (
+        "invalid arguments for greet at name: String should have at least 1 character")
+    assert "at times" in str(tools.check("greet", {"name": "A", "times": "many"}))
+    assert "at ctx" in str(tools.check("greet", {"name": "A", "ctx": {}}))  # not injectable
+    assert tools.check("nope", {}) == "unknown server tool 'nope'"
+
+
+async def test_call_gets_context_and_returns_json() -> None:
+    result = await catalog(FIXTURES).invoke("greet", {"name": "Ann", "shout": True},
+                                            tool_context())
+    assert result.status == "ok"
+    assert result.output == {"text": "HELLO ANN FROM ALICE ON DOC-1", "shout": True}
+
+
+async def test_invalid_arguments_are_a_tool_error_and_nothing_runs() -> None:
+    result = await catalog(FIXTURES).invoke("greet", {"times": 1}, tool_context())
+    assert result.status == "error" and result.error is not None
+    assert result.error == {"message": "invalid arguments for greet at name: Field required",
+                            "code": "invalid_arguments"}
+
+
+async def test_tool_error_message_reaches_the_model() -> None:
+    result = await catalog(FIXTURES).invoke("refuse", {"reason": "no"}, tool_context())
+    assert result.status == "error"
+    assert result.error == {"message": "refused: no", "code": "tool_error"}
+
+
+async def test_failing_tool_leaks_nothing_and_logs_the_ref(caplog: pytest.LogCaptureFixture
+                                                            ) -> None:
+    with caplog.at_level(logging.ERROR, logger="cowrite.tools.test"):
+        result = await catalog(FIXTURES).invoke("explode", {}, tool_context())
+    assert result.status == "error" and result.error is not None
+    message = result.error["message"]
+    assert message.startswith("tool failed (ref ") and "hunter2" not in message
+    ref = message.removeprefix("tool failed (ref ").removesuffix(")")
+    logged = [r for r in caplog.records if ref in r.getMessage()]
+    assert logged and logged[0].exc_info is not None
+    assert "hunter2" in str(logged[0].exc_info[1])
+
+
+async def test_timeout_ends_the_call_and_cancels_the_tool() -> None:
+    events: asyncio.Queue[str] = asyncio.Queue()
+    tool_fixtures.OBSERVERS["t"] = events
+    result = await catalog(FIXTURES).invoke("sleepy", {"key": "t", "seconds": 30},
+                                            tool_context())
+    assert result.status == "timeout"
+    assert result.error == {"message": "sleepy took longer than 0.3 s", "code": "timeout"}
+    assert [events.get_nowait(), events.get_nowait()] == ["started", "cancelled"]
+
+
+async def test_cancelling_the_caller_reaches_the_running_tool() -> None:
+    events: asyncio.Queue[str] = asyncio.Queue()
+    tool_fixtures.OBSERVERS["c"] = events
+    tools = catalog(FIXTURES.replace("timeout_s = 0.3", "timeout_s = 60"))
+    call = asyncio.create_task(tools.invoke("sleepy", {"key": "c", "seconds": 30},
+                                            tool_context()))
+    assert await asyncio.wait_for(events.get(), 5) == "started"
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert events.get_nowait() == "cancelled"
+
+
+def test_broken_entries_are_reported_not_fatal() -> None:
+    tools = catalog("""
+[[tools]]
+import = "tests.no_such_module:tool"
+[[tools]]
+import = "tests.tool_fixtures:missing"
+[[tools]]
+import = "tests.tool_fixtures:not_async"
+[[tools]]
+import = "tests.tool_fixtures:no_hints"
+[[tools]]
+import = "tests.tool_fixtures:unschemable"
+[[tools]]
+import = "tests.tool_fixtures:greet"
+""")
+    described = by_name(tools.describe())
+    problems = {name: entry.get("problem") for name, entry in described.items()
+                if not entry["available"]}
+    assert problems == {
+        "tool": "cannot import tests.no_such_module (ModuleNotFoundError)",
+        "missing": "tests.tool_fixtures has no attribute missing",
+        "not_async": "not an async function (define it with `async def`)",
+        "no_hints": "parameter text has no type hint",
+        "unschemable": "its type hints have no JSON Schema (PydanticSchemaGenerationError)",
+    }
+    assert described["greet"]["available"] is True
+    assert {s.name for s in tools.specs()} == {"text_stats", "greet"}
+
+
+async def test_unavailable_tool_invocation_is_an_error() -> None:
+    tools = catalog('[[tools]]\nimport = "tests.tool_fixtures:not_async"\n')
+    result = await tools.invoke("not_async", {"text": "x"}, tool_context())
+    assert result.status == "error" and result.error is not None
+    assert result.error["code"] == "unavailable"
+    assert "not an async function" in result.error["message"]
+
+
+async def test_builtin_text_stats_is_on_by_default_and_can_be_disabled() -> None:
+    tools = catalog()
+    [entry] = tools.describe()
+    assert entry["name"] == "text_stats" and entry["source"] == "builtin"
+    assert entry["parameters"]["required"] == ["text"]
+    result = await tools.invoke("text_stats", {"text": "One two. Three!\n\nFour"},
+                                tool_context())
+    assert result.output == {"characters": 21, "words": 4, "sentences": 2, "lines": 3,
+                             "paragraphs": 2, "reading_time_s": 1}
+    off = catalog('[[tools]]\nimport = "server.tools.builtin:text_stats"\nenabled = false\n')
+    assert off.describe() == [] and off.specs() == []
+    tuned = catalog('[[tools]]\nimport = "server.tools.builtin:text_stats"\n'
+                    'requires_approval = true\n')
+    [spec] = tuned.specs()
+    assert spec.source == "builtin" and spec.requires_approval
+
+
+def test_duplicate_names_are_reported_not_shadowed() -> None:
+    tools = catalog('[[tools]]\nimport = "tests.tool_fixtures:greet"\nname = "text_stats"\n')
+    entries = tools.describe()
+    assert [(e["name"], e["source"], e["available"]) for e in entries] == [
+        ("text_stats", "builtin", True), ("text_stats", "python", False)]
+    assert entries[1]["problem"] == "duplicate name: also defined by builtin"
+    assert [s.source for s in tools.specs()] == ["builtin"]
+
+
+def test_disabled_python_tool_is_not_offered() -> None:
+    tools = catalog('[[tools]]\nimport = "tests.tool_fixtures:greet"\nenabled = false\n')
+    assert [s.name for s in tools.specs()] == ["text_stats"]
+
+
+@pytest.mark.parametrize(("toml", "message"), [
+    ('[[tools]]\nimport = "a:b"\nrequires_aproval = true\n',
+     "unknown key tools[0].requires_aproval"),
+    ("[[mcp]]\nname = \"x\"\ncommand = [\"y\"]\nurl = \"http://h/mcp\"\n",
+     "mcp[0]: Value error, give exactly one of `command` (stdio) or `url` (streamable HTTP)"),
+    ("[[mcp]]\nname = \"a__b\"\ncommand = [\"y\"]\n", "cannot contain `__`"),
+    ("[server]\nport = 1\n", "unknown key server"),
+    ('[[workflows]]\nname = "bad name"\n', "workflows[0].name: String should match pattern"),
+    ('[[workflows]]\nname = "w"\n[[workflows]]\nname = "w"\n', "duplicate workflow name 'w'"),
+    ('[[workflows]]\nname = "w"\nmax_steps = 0\n', "workflows[0].max_steps"),
+    ('[[workflows]]\nname = "w"\ntools = ["a"]\napproval = ["b"]\n',
+     "`approval` names tools missing from `tools`: b"),
+    ('[[workflows]]\nname = "w"\nmode = "chat"\ntools = ["a"]\n', "a chat workflow uses no tools"),
+    ('[[tools]]\nimport = "not an import string"\n', "tools[0].import"),
+])
+def test_invalid_config_is_one_clear_line(toml: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(tomllib.loads(toml), "COWRITE_CONFIG f.toml")
+    text = str(info.value)
+    assert text.startswith("COWRITE_CONFIG f.toml: ") and message in text and "\n" not in text
+
+
+def test_unreadable_or_missing_or_invalid_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^COWRITE_CONFIG .*nope.toml: no such file$"):
+        load_config(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[tools]\n")
+    with pytest.raises(ConfigError, match=r"bad.toml: not valid TOML"):
+        load_config(bad)
+    good = tmp_path / "good.toml"
+    good.write_text('[[tools]]\nimport = "tests.tool_fixtures:greet"\ntypo = 1\n')
+    with pytest.raises(ConfigError, match=r"good.toml: unknown key tools\[0\].typo$"):
+        load_config(good)
+
+
+def test_workflows_are_parsed_with_defaults() -> None:
+    tools = catalog("""
+[[workflows]]
+name = "proofread"
+title = "Proofread"
+description = "Fix spelling and grammar, nothing else."
+category = "editing"
+system_prompt = "You proofread."
+tools = ["read_document", "replace_text", "files__read_file"]
+approval = ["replace_text"]
+max_steps = 8
+[[workflows]]
+name = "chat:quick"
+mode = "chat"
+""")
+    proofread = tools.workflow("proofread")
+    assert proofread is not None and proofread.max_steps == 8
+    assert proofread.approval == ["replace_text"] and proofread.system_prompt == "You proofread."
+    assert [w.public() for w in tools.workflows()] == [
+        {"name": "proofread", "title": "Proofread",
+         "description": "Fix spelling and grammar, nothing else.", "category": "editing",
+         "mode": "agent", "tools": ["read_document", "replace_text", "files__read_file"]},
+        {"name": "chat:quick", "title": "chat:quick", "description": "", "category": "general",
+         "mode": "chat", "tools": None},
+    ]
+    assert tools.workflow("nope") is None
+
+
+def test_mcp_names_and_result_mapping() -> None:
+    import mcp.types as mcp_types
+
+    from server.tools.context import ToolError
+    from server.tools.mcp_results import cowrite_name, tool_output
+
+    assert cowrite_name("files", "read.file/v2", {}) == "files__read_file_v2"
+    assert cowrite_name("files", "read", {"read": "cat"}) == "cat"
+    assert cowrite_name("files", "x" * 60, {}) is None  # too long: reported, not truncated
+    image = mcp_types.ImageContent(type="image", data="aGVsbG8h", mime_type="image/png")
+    text = mcp_types.TextContent(type="text", text="a picture")
+    mixed = mcp_types.CallToolResult(content=[text, image])
+    assert tool_output(mixed) == [
+        {"type": "text", "text": "a picture"},
+        {"type": "image", "data": "<6 bytes omitted>", "mimeType": "image/png"}]
+    two_texts = mcp_types.CallToolResult(content=[text, text])
+    assert tool_output(two_texts) == "a picture\na picture"
+    structured = mcp_types.CallToolResult(content=[text], structured_content={"n": 1})
+    assert tool_output(structured) == {"n": 1}
+    failed = mcp_types.CallToolResult(content=[], is_error=True)
+    with pytest.raises(ToolError, match="the MCP tool reported an error"):
+        tool_output(failed)

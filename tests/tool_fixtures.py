@@ -1,0 +1,67 @@
+"""Python server tools for the tests, loaded by import string like an operator's module."""
+
+import asyncio
+import socket
+from typing import Annotated
+
+from pydantic import BaseModel, Field
+
+from server.tools import ToolContext, ToolError
+
+# The tests register a queue under a key before calling `sleepy`; it reports there.
+OBSERVERS: dict[str, "asyncio.Queue[str]"] = {}
+
+
+class Greeting(BaseModel):
+    text: str
+    shout: bool
+
+
+async def greet(
+    name: Annotated[str, Field(description="Who to greet.", min_length=1)],
+    ctx: ToolContext,
+    times: int = 1,
+    shout: bool = False,
+) -> Greeting:
+    """Greet someone by name."""
+    ctx.logger.info("greeting %s", name)
+    text = " ".join([f"hello {name} from {ctx.user_id} on {ctx.document_id}"] * times)
+    return Greeting(text=text.upper() if shout else text, shout=shout)
+
+
+async def refuse(reason: str) -> str:
+    """Always refuses, telling the model why."""
+    raise ToolError(f"refused: {reason}")
+
+
+async def explode() -> str:
+    """Fails with an unexpected error."""
+    raise RuntimeError("secret-database-password-hunter2")
+
+
+async def sleepy(key: str, seconds: float) -> str:
+    """Sleeps; reports start and cancellation to OBSERVERS[key]."""
+    queue = OBSERVERS[key]
+    queue.put_nowait("started")
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        queue.put_nowait("cancelled")
+        raise
+    queue.put_nowait("finished")
+    return "awake"
+
+
+def not_async(text: str) -> str:
+    """A plain function: refused."""
+    return text
+
+
+async def no_hints(text):  # type: ignore[no-untyped-def]
+    """A parameter without a type hint: refused."""
+    return text
+
+
+async def unschemable(sock: socket.socket) -> str:
+    """A parameter type with no JSON Schema: refused."""
+    return "never"
