@@ -5,7 +5,9 @@ Per document (keys share a hash tag, so a cluster keeps them on one slot):
 - `cw:{doc}:log` stream: one entry per event, ID `<seq>-1`, trimmed with
   `MAXLEN ~` (which keeps at least the last N);
 - `cw:{doc}:hist` list: conversation history; `cw:{doc}:runs` hash: run records.
-One Lua script stamps seq, writes the stream entry and publishes the frame on
+The event is serialized in Python before the script runs, so an event that
+cannot be encoded (`UnloggableEvent`) never takes a seq. One Lua script
+stamps seq, writes the stream entry and publishes the frame on
 `cw:live:{doc}` atomically, so pub/sub delivers in seq order; an instance that
 misses a message (a reconnect) fills the gap from the stream. Limits are
 shared: connections per user in a sorted set whose entries expire unless
@@ -34,6 +36,7 @@ from server.backends.base import (
     LoggedEvent,
     LogHead,
     ResumeFailure,
+    encode_event_body,
 )
 
 logger = logging.getLogger("cowrite.redis")
@@ -203,7 +206,8 @@ class RedisBackend:
 
     # -- the document log --------------------------------------------------------
     async def append(self, document_id: str, event: dict[str, Any]) -> LoggedEvent:
-        body = orjson.dumps(event)[:-1].decode()
+        # Serialized here, before the script takes a seq: UnloggableEvent leaves no gap.
+        body = encode_event_body(event).decode()
         event_type = str(event["type"])
         epoch, seq, frame = await self._call(self._append(
             keys=_keys(document_id),
@@ -239,8 +243,9 @@ class RedisBackend:
             for entry_id, fields in entries:
                 events.append(LoggedEvent(int(entry_id.split("-")[0]), fields["t"], fields["f"]))
             start = events[-1].seq + 1
-        if after_seq < last and (not events or events[0].seq != after_seq + 1):
-            return "history_truncated"
+        if after_seq < last and (not events or events[0].seq != after_seq + 1
+                                 or len(events) != last - after_seq):
+            return "history_truncated"  # entries are found by seq (stream ID); none may miss
         return events
 
     # -- live fan-out ------------------------------------------------------------
