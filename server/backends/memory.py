@@ -128,18 +128,21 @@ class MemoryBackend:
             return
         used[document_id] = self._clock()
         if self._max_documents and len(used) > self._max_documents:
-            self.evict()
+            self.evict(protect=document_id)
 
     def in_use(self, document_id: str) -> bool:
         """Subscribed connections or an active run keep a document."""
         return bool(self._listeners.get(document_id)) or document_id in self._active
 
-    def evict(self) -> int:
-        """Apply both eviction rules now; return how many documents went."""
+    def evict(self, protect: str | None = None) -> int:
+        """Apply both eviction rules now; return how many documents went.
+        `protect`: the document being used right now (the newest), kept."""
         now, used, evicted = self._clock(), self._used, 0
         skipped: list[str] = []
         while used:
             document_id, last = next(iter(used.items()))
+            if document_id == protect:
+                break
             over = bool(self._max_documents) and len(used) + len(skipped) > self._max_documents
             idle = self._idle_s > 0 and now - last >= self._idle_s
             if not (over or idle):
