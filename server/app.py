@@ -68,8 +68,11 @@ def build_services(settings: Settings) -> Services:
             document_id, backend, limits, lambda session: RunCoordinator(session, services)
         )
 
+    metrics = Metrics()
+    if isinstance(backend, MemoryBackend):
+        metrics.watch_memory_documents(lambda: backend.document_count)
     services = Services(
-        settings=settings, backend=backend, auth=Authenticator(settings), metrics=Metrics(),
+        settings=settings, backend=backend, auth=Authenticator(settings), metrics=metrics,
         hub=SessionHub(session_factory), llm=make_llm(settings),
         instance_id=uuid.uuid4().hex[:12],
     )

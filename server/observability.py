@@ -9,6 +9,7 @@ one process) never collide.
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -106,6 +107,11 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5),
             registry=self.registry,
         )
+
+    def watch_memory_documents(self, count: Callable[[], int]) -> None:
+        """`cowrite_memory_documents`: documents the memory backend holds (eviction)."""
+        Gauge("cowrite_memory_documents", "Documents held by the memory backend",
+              registry=self.registry).set_function(count)
 
     def count_sent(self, event_type: str) -> None:
         """`messages_out{type}` += 1, without a label lookup per frame."""

@@ -7,9 +7,9 @@ event that revealed it. That makes the resume seam and cross-instance
 delivery safe without locks.
 
 Bounds: a client that stops reading is closed with 4009 once `max_events`
-frames or `max_bytes` characters of frame text wait for it (JSON frames are
-mostly ASCII, so characters are bytes; counting characters costs no
-encoding). The queue is dropped at once and a send blocked on the peer is
+frames, or `max_bytes` characters of frame text besides the largest waiting
+frame, wait for it (JSON frames are mostly ASCII, so characters are bytes;
+counting characters costs no encoding). The queue is dropped at once and a send blocked on the peer is
 abandoned, so the memory goes back; nothing is lost, the log still holds
 the events and the client resumes. A resume's replay is read from the log in
 one piece and is not counted: counting it would close a client that resumes
@@ -86,6 +86,12 @@ def _tool_call_view(frame: str) -> tuple[str | None, str]:
     return view
 
 
+def _size(item: _Item) -> int:
+    if isinstance(item, LoggedEvent):
+        return len(item.frame)
+    return len(item.text) if isinstance(item, _Frame) else 0
+
+
 class Outbound:
     def __init__(
         self,
@@ -156,9 +162,15 @@ class Outbound:
         self._check_bounds()
 
     def _check_bounds(self) -> None:
-        if self._queued_events > self._max_events or (
-            self._max_bytes and self._queued_bytes > self._max_bytes and len(self._queue) > 1
-        ):  # one frame alone, however large, is never a slow consumer
+        """Over `max_events` frames, or over `max_bytes` not counting the largest
+        queued frame: one frame of any size (a long `message.done`, a big
+        prompt in `run.started`) may wait, with up to `max_bytes` behind or
+        before it. The scan for the largest runs only while over `max_bytes`."""
+        over = self._queued_events > self._max_events
+        if not over and self._max_bytes and self._queued_bytes > self._max_bytes:
+            largest = max(_size(item) for item in self._queue)
+            over = self._queued_bytes - largest > self._max_bytes
+        if over:
             self.close(CloseRequest(4009, "slow consumer: resume to catch up"), drop_pending=True)
 
     def close(self, request: CloseRequest, *, drop_pending: bool = False) -> None:

@@ -6,7 +6,7 @@ the live stream. Memory backend and a real redis-server."""
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -70,6 +70,10 @@ async def start_after(client: Client, prompt: str, tools: list[dict[str, Any]]
     raise AssertionError("the previous run's record was never released")
 
 
+def match(**fields: Any) -> Callable[[dict[str, Any]], bool]:
+    return lambda event: all(event.get(k) == v for k, v in fields.items())
+
+
 def durable(client: Client) -> list[dict[str, Any]]:
     return [e for e in client.events if "seq" in e]
 
@@ -82,13 +86,12 @@ async def test_values_too_deep_to_log_leave_no_gap_and_resume_replays_all(kind: 
             # 1. as a tool.result output (tool.done adds one level around it)
             ack = await start_after(alice, script({"tool_calls": [call("read_document")]},
                                                   {"say": "ok"}), [READ_ANY])
-            tool_call = await alice.recv_until(
-                lambda e, r=ack["run_id"]: e["type"] == "tool.call" and e["run_id"] == r)
+            tool_call = await alice.recv_until(match(type="tool.call", run_id=ack["run_id"]))
             await send_with(alice, {
                 "type": "tool.result", "id": f"out-{depth}", "run_id": tool_call["run_id"],
                 "call_id": tool_call["call_id"], "token": tool_call["token"],
                 "output": "__DEEP__"}, nested(depth))
-            reply = await alice.recv_until(lambda e, d=depth: e.get("reply_to") == f"out-{d}")
+            reply = await alice.recv_until(match(reply_to=f"out-{depth}"))
             if depth <= 253:
                 assert reply["type"] == "ack", reply
             else:
@@ -100,12 +103,12 @@ async def test_values_too_deep_to_log_leave_no_gap_and_resume_replays_all(kind: 
             ack = await start_after(alice, script({"tool_calls": [call("edit", x=1)]}),
                                     [ANY_ARGS])
             asked = await alice.recv_until(
-                lambda e, r=ack["run_id"]: e["type"] == "approval.requested" and e["run_id"] == r)
+                match(type="approval.requested", run_id=ack["run_id"]))
             await send_with(alice, {
                 "type": "approval", "id": f"ap-{depth}", "run_id": ack["run_id"],
                 "call_id": asked["call_id"], "decision": "approve",
                 "arguments": {"x": "__DEEP__"}}, nested(depth))
-            await alice.recv_until(lambda e, d=depth: e.get("reply_to") == f"ap-{d}")
+            await alice.recv_until(match(reply_to=f"ap-{depth}"))
             await settle(alice, ack["run_id"])
         await bob.send({"type": "editor.change", "document_version": "end"})
         last = (await alice.recv_until("document.changed"))["seq"]

@@ -159,9 +159,13 @@ class MemoryBackend:
             self.evictions += evicted
             self._evicted_since_trim += evicted
             if self._evicted_since_trim >= TRIM_AFTER_EVICTIONS:
-                self._evicted_since_trim = 0
-                self._trim()
+                self.trim()
         return evicted
+
+    def trim(self) -> None:
+        """Give freed heap pages back to the OS (glibc keeps them otherwise)."""
+        self._evicted_since_trim = 0
+        self._trim()
 
     def _forget(self, document_id: str) -> None:
         self._logs.pop(document_id, None)
@@ -175,6 +179,7 @@ class MemoryBackend:
             await asyncio.sleep(interval)
             evicted = self.evict()
             if evicted:
+                self.trim()  # at most once per sweep: a few ms at most
                 logger.info("evicted %d idle documents (%d kept)", evicted, len(self._used))
 
     async def ready(self) -> bool:
