@@ -9,8 +9,8 @@ delivery safe without locks.
 Bounds: a client that stops reading is closed with 4009 once `max_events`
 frames, or `max_bytes` characters of frame text besides the largest waiting
 frame, wait for it (JSON frames are mostly ASCII, so characters are bytes;
-counting characters costs no encoding). The queue is dropped at once and a send blocked on the peer is
-abandoned, so the memory goes back; nothing is lost, the log still holds
+counting characters costs no encoding). The queue is dropped at once and a
+send blocked on the peer is abandoned, so the memory goes back; nothing is lost, the log still holds
 the events and the client resumes. A resume's replay is read from the log in
 one piece and is not counted: counting it would close a client that resumes
 after a long absence before it could catch up, again and again.
