@@ -8,7 +8,7 @@ import resource
 import time
 from pathlib import Path
 
-from bench import runs, scale, scenarios, transport
+from bench import edges, runs, scale, scenarios, transport
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
@@ -83,9 +83,12 @@ async def main_async(quick: bool, write: bool) -> None:
     text += ("\n\nLoad scenarios (`python -m bench.load`; JSON and Markdown reports in "
              "bench/results/):\n\n" + scenarios.table(loads, t["bare_cpu_us_per_event"]))
     print(text)
+    edges_text = edges.table(await edges.measure(quick))
+    print("\n" + edges_text)
     if write:
         rewrite_readme(text)
-        print(f"\nrewrote the benchmark table in {README}")
+        edges.rewrite_readme(edges_text)
+        print(f"\nrewrote the benchmark tables in {README}")
 
 
 def main() -> None:

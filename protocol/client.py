@@ -5,6 +5,7 @@ raw frame -> one of these models, or a `ParseFailure` saying which error to
 answer with. Plain dicts never travel further inward.
 """
 
+import contextlib
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -21,6 +22,7 @@ from protocol.base import (
     WireModel,
 )
 from protocol.codes import ErrorCode
+from protocol.jsonlimits import ORJSON_MAX_DEPTH, has_out_of_range_int, nesting_over
 
 
 class ClientMessageBase(WireModel):
@@ -167,14 +169,48 @@ def peek_reply_to(data: object) -> str | None:
     return None
 
 
-def decode_frame(text: str | bytes) -> dict[str, Any] | ParseFailure:
-    """JSON text -> object, or the `invalid_message` failure."""
+DEFAULT_MAX_JSON_DEPTH = 64
+
+
+def decode_frame(
+    text: str | bytes, max_depth: int = DEFAULT_MAX_JSON_DEPTH
+) -> dict[str, Any] | ParseFailure:
+    """JSON text -> object, or the `invalid_message` failure.
+
+    Refused here, before anything else sees the frame (section 10): nesting
+    deeper than `max_depth` levels of objects and arrays (0: only orjson's
+    own limit of 1024) and integers outside the signed 64-bit range, which
+    the decoder would otherwise turn into floats and the encoder refuse.
+    """
+    if nesting_over(text, max_depth):
+        reply_to = None
+        with contextlib.suppress(orjson.JSONDecodeError):
+            reply_to = peek_reply_to(orjson.loads(text))
+        return ParseFailure(
+            ErrorCode.INVALID_MESSAGE,
+            f"frame nests objects and arrays deeper than {max_depth} levels", reply_to,
+            [{"loc": [], "msg": f"nesting deeper than {max_depth} levels",
+              "max_depth": max_depth}],
+        )
     try:
         data = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
+        if "depth" in exc.msg:
+            return ParseFailure(
+                ErrorCode.INVALID_MESSAGE,
+                f"frame nests objects and arrays deeper than {ORJSON_MAX_DEPTH} levels", None,
+                [{"loc": [], "msg": f"nesting deeper than {ORJSON_MAX_DEPTH} levels",
+                  "max_depth": ORJSON_MAX_DEPTH}],
+            )
         return ParseFailure(ErrorCode.INVALID_MESSAGE, f"frame is not valid JSON: {exc.msg}")
     if not isinstance(data, dict):
         return ParseFailure(ErrorCode.INVALID_MESSAGE, "frame must be a JSON object")
+    if has_out_of_range_int(text):
+        return ParseFailure(
+            ErrorCode.INVALID_MESSAGE, "frame holds an integer outside the signed 64-bit range",
+            peek_reply_to(data),
+            [{"loc": [], "msg": "integers must be between -2**63 and 2**63-1"}],
+        )
     return data
 
 
@@ -206,8 +242,10 @@ def validate_message(data: dict[str, Any]) -> ClientMessage | ParseFailure:
         )
 
 
-def parse_client_message(text: str | bytes) -> ClientMessage | ParseFailure:
-    decoded = decode_frame(text)
+def parse_client_message(
+    text: str | bytes, max_depth: int = DEFAULT_MAX_JSON_DEPTH
+) -> ClientMessage | ParseFailure:
+    decoded = decode_frame(text, max_depth)
     if isinstance(decoded, ParseFailure):
         return decoded
     return validate_message(decoded)
@@ -215,6 +253,7 @@ def parse_client_message(text: str | bytes) -> ClientMessage | ParseFailure:
 
 __all__ = [
     "CLIENT_MESSAGE_ADAPTER",
+    "DEFAULT_MAX_JSON_DEPTH",
     "DOCUMENT_ID_PATTERN",
     "VIEWER_ALLOWED_TYPES",
     "Approval",

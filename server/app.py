@@ -1,5 +1,7 @@
 """`create_app(settings)`: routes, lifespan and the objects behind them."""
 
+import asyncio
+import hmac
 import ipaddress
 import uuid
 from collections.abc import AsyncIterator
@@ -11,6 +13,7 @@ import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field, ValidationError
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
@@ -29,12 +32,15 @@ from server.auth import Authenticator, AuthError, Principal
 from server.backends.base import Backend
 from server.backends.memory import MemoryBackend
 from server.endpoint import DOCUMENT_ID_RE, document_socket
+from server.limits import HandshakeGate
 from server.observability import Metrics, configure_logging
+from server.runner import MetricsServer, metrics_config
 from server.services import Services
 from server.session import DocumentSession, SessionHub
 from server.settings import Settings
 from server.tools.catalog import ToolCatalog
 from server.tools.factory import build_catalog
+from server.transport import TransportHandle
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
@@ -51,7 +57,8 @@ def make_backend(settings: Settings) -> Backend:
         from server.backends.redis import RedisBackend
 
         return RedisBackend(settings.redis_url, log_max_events=settings.log_max_events)
-    return MemoryBackend(log_max_events=settings.log_max_events)
+    return MemoryBackend(log_max_events=settings.log_max_events, idle_s=settings.memory_idle_s,
+                         max_documents=settings.memory_max_documents)
 
 
 def build_services(settings: Settings) -> Services:
@@ -74,6 +81,8 @@ def build_services(settings: Settings) -> Services:
                                   on_idle=lambda: hub.release(session))
         return DocumentSession(document_id, backend, limits, runs)
 
+    if isinstance(backend, MemoryBackend):
+        metrics.watch_memory_documents(lambda: backend.document_count)
     hub = SessionHub(session_factory)
     router = RunRouter(backend, hub, machine, metrics, instance_id, settings.run_lease_s)
     env = RunEnvironment(settings=settings, registry=backend, cluster=router,
@@ -109,8 +118,22 @@ def create_app(settings: Settings | None = None) -> Starlette:
         ok = await services.backend.ready()
         return JSONResponse({"status": "ok" if ok else "unavailable"}, 200 if ok else 503)
 
-    async def metrics(_: Request) -> Response:
+    metrics_token = (settings.metrics_token.get_secret_value().encode()
+                     if settings.metrics_token else None)
+
+    async def metrics(request: Request) -> Response:
+        """Prometheus text; with COWRITE_METRICS_TOKEN, only for that Bearer token."""
+        if metrics_token is not None:
+            scheme, _, given = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                    given.strip().encode(), metrics_token):
+                return Response("metrics need the bearer token\n", status_code=401,
+                                headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
+                                media_type="text/plain")
         return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def not_here(_: Request) -> Response:
+        return _json({"error": "not found"}, 404)
 
     async def protocol_schema(_: Request) -> Response:
         return Response(schema, media_type="application/schema+json")
@@ -163,14 +186,28 @@ def create_app(settings: Settings | None = None) -> Starlette:
     async def index(_: Request) -> Response:
         return FileResponse(STATIC_DIR / "index.html")
 
+    # COWRITE_METRICS_PORT: /metrics lives on its own listener (a private network,
+    # say), and the public port answers 404 for it.
+    metrics_server: MetricsServer | None = None
+    if settings.metrics_port is not None:
+        metrics_app = Starlette(routes=[Route("/metrics", metrics)])
+        metrics_server = MetricsServer(metrics_config(metrics_app, settings))
+
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         await services.backend.start()
         await services.router.start()
+        metrics_task = None
+        if metrics_server is not None:
+            metrics_task = asyncio.create_task(metrics_server.serve())
+            await metrics_server.wait_started(metrics_task)
         await tools.start()
         try:
             yield
         finally:
+            if metrics_server is not None and metrics_task is not None:
+                metrics_server.should_exit = True
+                await metrics_task
             for session in list(services.hub.sessions.values()):
                 await session.runs.shutdown()
             await services.router.stop()
@@ -182,7 +219,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/", index),
         Route("/healthz", healthz),
         Route("/readyz", readyz),
-        Route("/metrics", metrics),
+        Route("/metrics", metrics if metrics_server is None else not_here),
         Route("/v1/protocol/schema", protocol_schema),
         Route("/v1/documents/{document_id:path}/history", history),
         Route("/v1/tools", list_tools),
@@ -191,7 +228,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
         WebSocketRoute("/v1/documents/{document_id:path}/ws", document_socket),
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(TransportHandle)])
     app.state.services = services
     app.state.tools = tools
+    app.state.handshakes = HandshakeGate(settings.max_pending_handshakes)
     return app

@@ -26,6 +26,45 @@ class AuthError(Exception):
     """A token was missing, malformed, badly signed or expired."""
 
 
+def jwt_problem(exc: jwt.PyJWTError) -> str:
+    """What is wrong with a token, in our words: PyJWT's own text can be a
+    Python repr of the claims or the key material's parse error."""
+    if isinstance(exc, jwt.ExpiredSignatureError):
+        return "token expired"
+    if isinstance(exc, jwt.InvalidSignatureError):
+        return "bad signature"
+    if isinstance(exc, jwt.InvalidAudienceError):
+        return "wrong audience"
+    if isinstance(exc, jwt.MissingRequiredClaimError):
+        if exc.claim in ("sub", "exp", "aud", "iat", "nbf"):
+            return f"token lacks the required {exc.claim!r} claim"
+        return "token lacks a required claim"
+    if isinstance(exc, jwt.ImmatureSignatureError):
+        return "token not valid yet"
+    if isinstance(exc, jwt.InvalidAlgorithmError):
+        return "token signed with an algorithm this server does not accept"
+    if isinstance(exc, jwt.DecodeError):
+        return "malformed token"
+    return "invalid token"
+
+
+def call_token_user(token: str) -> str | None:
+    """The user a per-call token was issued to, read without verifying it.
+
+    Only for deciding who may *see* a token (the writer strips tokens from
+    other users' `tool.call` frames); acceptance always goes through
+    `check_call_token`.
+    """
+    body = token.split(".", 1)[0].encode()
+    try:
+        payload = orjson.loads(base64.urlsafe_b64decode(body + b"=" * (-len(body) % 4)))
+    except (ValueError, orjson.JSONDecodeError):
+        return None
+    if isinstance(payload, list) and len(payload) == 5 and isinstance(payload[2], str):
+        return payload[2]
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Principal:
     user_id: str
@@ -90,10 +129,8 @@ class Authenticator:
                 audience=self._audience,
                 options={"require": ["sub", "exp"], "verify_aud": self._audience is not None},
             )
-        except jwt.ExpiredSignatureError as exc:
-            raise AuthError("token expired") from exc
         except jwt.PyJWTError as exc:
-            raise AuthError(f"invalid token: {exc}") from exc
+            raise AuthError(jwt_problem(exc)) from exc
         sub, docs, role = claims.get("sub"), claims.get("docs", []), claims.get("role", "editor")
         if not isinstance(sub, str) or not sub:
             raise AuthError("invalid token: 'sub' must be a non-empty string")

@@ -1,12 +1,24 @@
 """`/v1/documents/{document_id}/ws`: the only module that touches the socket.
 
 Lifecycle of one connection:
-1. before accept: document id shape (404), Origin allow-list (403);
+1. before accept: document id shape (404), Origin allow-list (403), the cap
+   on sockets still handshaking (503, `COWRITE_MAX_PENDING_HANDSHAKES`);
 2. accept (selecting `cowrite.v1` when offered), then `hello` within the
    timeout, authenticated and authorized (4001 / 4003 / 4008);
 3. three tasks: the reader (limits, parsing, routing), the writer
    (`Outbound`) and the token-expiry watch; when one ends, the others are
    cancelled, and the connection leaves its session.
+
+Every frame is checked at the edge (`decode_frame`): nesting depth
+(`COWRITE_MAX_JSON_DEPTH`) and 64-bit integers, hello included; a refused
+frame is `invalid_message`, counts toward the 4400 streak, and never reaches
+the session.
+
+Closing is bounded: the close frame waits at most `COWRITE_CLOSE_TIMEOUT_S`
+to be written and as long again to leave the process; a peer that does not
+read by then has its transport aborted, so a slow consumer's buffers are
+freed instead of lingering in a zero-window connection. The transport is
+found through `server.transport.TransportHandle`.
 """
 
 import asyncio
@@ -37,9 +49,10 @@ from protocol.server import Error, Pong
 from server.auth import AuthError, Principal
 from server.backends.base import BackendUnavailable
 from server.connection import Connection
-from server.limits import InvalidStreak, TokenBucket
+from server.limits import HandshakeGate, InvalidStreak, TokenBucket
 from server.outbound import Outbound
 from server.services import Services
+from server.transport import TRANSPORT_KEY, finish_close
 
 logger = logging.getLogger("cowrite.endpoint")
 DOCUMENT_ID_RE = re.compile(DOCUMENT_ID_PATTERN)
@@ -70,8 +83,15 @@ def _too_large(text: str, limit: int) -> bool:
     return len(text) * 4 > limit and len(text.encode()) > limit
 
 
+async def close_bounded(ws: WebSocket, code: int, reason: str, timeout_s: float) -> None:
+    """Send the close frame, really, even to a peer that does not read (see
+    `server.transport.finish_close`)."""
+    await finish_close(ws.close(code, reason), ws.scope.get(TRANSPORT_KEY), timeout_s)
+
+
 async def document_socket(ws: WebSocket) -> None:
     services: Services = ws.app.state.services
+    gate: HandshakeGate = ws.app.state.handshakes
     settings = services.settings
     document_id: str = ws.path_params["document_id"]
     if not DOCUMENT_ID_RE.fullmatch(document_id):
@@ -82,11 +102,26 @@ async def document_socket(ws: WebSocket) -> None:
         logger.warning("refused origin %s", origin[:200], extra={"document_id": document_id})
         await ws.send_denial_response(PlainTextResponse("origin not allowed", status_code=403))
         return
-    offered = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",")]
-    await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+    if not gate.enter():
+        services.metrics.handshakes_refused.inc()
+        await ws.send_denial_response(PlainTextResponse(
+            "too many connections are still handshaking; retry shortly", status_code=503,
+            headers={"Retry-After": "1"}))
+        return
+    try:
+        offered = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",")]
+        await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+    except BaseException:
+        gate.leave()
+        raise
     services.metrics.connections_open.inc()
     try:
-        await _serve(ws, services, document_id)
+        try:
+            hello = await _read_hello(ws, services)
+        finally:
+            gate.leave()
+        if hello is not None:
+            await _serve(ws, services, document_id, hello)
     except WebSocketDisconnect:
         pass
     finally:
@@ -99,8 +134,7 @@ async def _refuse(ws: WebSocket, services: Services, code: CloseCode, error: Err
         with contextlib.suppress(Exception):
             await ws.send_text(error.to_json().decode())
     services.metrics.closes.labels(str(int(code))).inc()
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(ws.close(int(code)), services.settings.close_timeout_s)
+    await close_bounded(ws, int(code), "", services.settings.close_timeout_s)
 
 
 async def _read_hello(ws: WebSocket, services: Services) -> Hello | None:
@@ -118,7 +152,7 @@ async def _read_hello(ws: WebSocket, services: Services) -> Hello | None:
         await _refuse(ws, services, CloseCode.UNAUTHENTICATED, Error(
             code=ErrorCode.INVALID_MESSAGE, message="the first frame must be a hello JSON text"))
         return None
-    decoded = decode_frame(frame.text)
+    decoded = decode_frame(frame.text, settings.max_json_depth)
     if not isinstance(decoded, ParseFailure) and decoded.get("type") != "hello":
         await _refuse(ws, services, CloseCode.UNAUTHENTICATED, Error(
             code=ErrorCode.NOT_READY, message="the first message must be hello",
@@ -142,10 +176,7 @@ def _bearer(ws: WebSocket) -> str | None:
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 
 
-async def _serve(ws: WebSocket, services: Services, document_id: str) -> None:
-    hello = await _read_hello(ws, services)
-    if hello is None:
-        return
+async def _serve(ws: WebSocket, services: Services, document_id: str, hello: Hello) -> None:
     try:
         principal = services.auth.verify(hello.token or _bearer(ws))
     except AuthError as exc:
@@ -193,6 +224,8 @@ async def _run_connection(
     outbound = Outbound(
         ws.send_text,
         max_events=settings.outbound_queue_max,
+        max_bytes=settings.outbound_max_bytes,
+        user_id=principal.user_id,
         backfill=backfill,
         on_sent=metrics.count_sent,
         on_idle=session.on_writer_idle,
@@ -227,10 +260,7 @@ async def _run_connection(
             elif outbound.close_request is not None:
                 request = outbound.close_request
                 metrics.closes.labels(str(request.code)).inc()
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(
-                        ws.close(request.code, request.reason), settings.close_timeout_s
-                    )
+                await close_bounded(ws, request.code, request.reason, settings.close_timeout_s)
     finally:
         await session.detach(conn)
         services.hub.release(session)
@@ -275,7 +305,7 @@ async def _reader(
         if frame.text is None:
             decoded = ParseFailure(ErrorCode.INVALID_MESSAGE, "binary frames are not accepted")
         else:
-            decoded = decode_frame(frame.text)
+            decoded = decode_frame(frame.text, settings.max_json_depth)
         retry_after = bucket.take()
         if retry_after:
             conn.error(ErrorCode.RATE_LIMITED, "too many messages", retry_after_ms=retry_after,

@@ -50,3 +50,30 @@ class InvalidStreak:
 
     def record_valid(self) -> None:
         self.count = 0
+
+
+class HandshakeGate:
+    """Sockets accepted but not yet past `hello`, per instance (section 1).
+
+    A peer that opens sockets and never says hello holds each one for the
+    hello timeout; beyond `limit` of them new upgrades are refused (HTTP 503)
+    before accept, so such a flood costs no WebSocket state. 0 disables it.
+    """
+
+    __slots__ = ("limit", "pending", "refused")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.pending = 0
+        self.refused = 0
+
+    def enter(self) -> bool:
+        """Count one more pending handshake; False (nothing counted) when full."""
+        if self.limit and self.pending >= self.limit:
+            self.refused += 1
+            return False
+        self.pending += 1
+        return True
+
+    def leave(self) -> None:
+        self.pending -= 1

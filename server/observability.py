@@ -9,6 +9,7 @@ one process) never collide.
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -35,14 +36,29 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(entry).decode()
 
 
+_CONTROL = {code: f"\\x{code:02x}" for code in [*range(0x20), *range(0x7F, 0xA0)]}
+_CONTROL.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t",
+                 0x2028: "\\u2028", 0x2029: "\\u2029"})
+
+
+def escape_controls(text: str) -> str:
+    """Control characters as visible escapes: a client string (a client id, a
+    message type, an origin) can never start a forged line in a text log."""
+    return text.translate(_CONTROL)
+
+
 class TextFormatter(logging.Formatter):
+    """One line per record (plus our own tracebacks); every client-supplied
+    string is escaped, so one record is always one line."""
+
     def format(self, record: logging.LogRecord) -> str:
         context = " ".join(
-            f"{field}={getattr(record, field)}"
+            f"{field}={escape_controls(str(getattr(record, field)))}"
             for field in LOG_CONTEXT_FIELDS
             if getattr(record, field, None) is not None
         )
-        line = f"{time.strftime('%H:%M:%S')} {record.levelname:<7} {record.getMessage()}"
+        message = escape_controls(record.getMessage())
+        line = f"{time.strftime('%H:%M:%S')} {record.levelname:<7} {message}"
         if context:
             line += f"  [{context}]"
         if record.exc_info:
@@ -78,6 +94,10 @@ class Metrics:
             "cowrite_closes", "Connections closed by the server, by close code",
             ["code"], registry=self.registry,
         )
+        self.handshakes_refused = Counter(
+            "cowrite_handshakes_refused", "Upgrades refused (503): too many sockets before hello",
+            registry=self.registry,
+        )
         self.runs = Counter(
             "cowrite_runs_finished", "Runs finished, by status", ["status"], registry=self.registry
         )
@@ -87,6 +107,11 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5),
             registry=self.registry,
         )
+
+    def watch_memory_documents(self, count: Callable[[], int]) -> None:
+        """`cowrite_memory_documents`: documents the memory backend holds (eviction)."""
+        Gauge("cowrite_memory_documents", "Documents held by the memory backend",
+              registry=self.registry).set_function(count)
 
     def count_sent(self, event_type: str) -> None:
         """`messages_out{type}` += 1, without a label lookup per frame."""

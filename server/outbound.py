@@ -6,20 +6,45 @@ last sent seq is dropped, and a gap is filled from the document log before the
 event that revealed it. That makes the resume seam and cross-instance
 delivery safe without locks.
 
-The queue is bounded: a client that stops reading is closed with 4009 once
-`max_events` durable events wait for it. Nothing is lost: the log still
-holds them and the client resumes. After each batch the writer yields, so one
-connection's burst never starves the others.
+Bounds: a client that stops reading is closed with 4009 once `max_events`
+frames, or `max_bytes` characters of frame text besides the largest waiting
+frame, wait for it (JSON frames are mostly ASCII, so characters are bytes;
+counting characters costs no encoding). The queue is dropped at once and a
+send blocked on the peer is abandoned, so the memory goes back; nothing is lost, the log still holds
+the events and the client resumes. A resume's replay is read from the log in
+one piece and is not counted: counting it would close a client that resumes
+after a long absence before it could catch up, again and again.
+
+Backend outages: when filling a gap needs the log and the backend (Redis)
+does not answer, the writer waits and retries with backoff instead of ending
+the connection; only events that are gone from the log end it (1011).
+
+Call tokens: a `tool.call` carries the single-use token of its client tool
+call; only connections of the token's user (the run's user) see it. Other
+connections get the frame without `token`, live and on replay alike, because
+both go through `_send_event`. The stripped frame is cached per event, so N
+connections cost one re-encoding.
+
+After each batch the writer yields, so one connection's burst never starves
+the others.
 """
 
 import asyncio
-from collections import deque
+import logging
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from server.backends.base import LoggedEvent
+import orjson
 
+from server.auth import call_token_user
+from server.backends.base import BackendUnavailable, LoggedEvent
+
+logger = logging.getLogger("cowrite.outbound")
 BATCH = 64
+BACKFILL_RETRY_FIRST_S = 0.05
+BACKFILL_RETRY_MAX_S = 2.0
+REDACTED_CACHE = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +67,30 @@ class _Replay:
 _Item = _Frame | LoggedEvent | _Replay | CloseRequest
 Backfill = Callable[[int, int], Awaitable[list[LoggedEvent] | None]]
 
+# frame text -> (token's user, frame without the token); shared by every writer
+_redacted: OrderedDict[str, tuple[str | None, str]] = OrderedDict()
+
+
+def _tool_call_view(frame: str) -> tuple[str | None, str]:
+    """The user a `tool.call` frame's token belongs to, and the frame without it."""
+    cached = _redacted.get(frame)
+    if cached is not None:
+        return cached
+    data = orjson.loads(frame)
+    token = data.pop("token", None)
+    view = (None, frame) if not isinstance(token, str) else (
+        call_token_user(token), orjson.dumps(data).decode())
+    _redacted[frame] = view
+    if len(_redacted) > REDACTED_CACHE:
+        _redacted.popitem(last=False)
+    return view
+
+
+def _size(item: _Item) -> int:
+    if isinstance(item, LoggedEvent):
+        return len(item.frame)
+    return len(item.text) if isinstance(item, _Frame) else 0
+
 
 class Outbound:
     def __init__(
@@ -50,25 +99,36 @@ class Outbound:
         *,
         max_events: int,
         backfill: Backfill,
+        max_bytes: int = 0,
+        user_id: str | None = None,
         on_sent: Callable[[str], None] = lambda _type: None,
         on_idle: Callable[[], None] = lambda: None,
     ) -> None:
         self._send = send
         self._max_events = max_events
+        self._max_bytes = max_bytes
         self._backfill = backfill
+        self._user_id = user_id
         self._on_sent = on_sent
         self._on_idle = on_idle
         self._queue: deque[_Item] = deque()
         self._held: list[LoggedEvent] | None = []  # live events that arrive before `begin`
         self._queued_events = 0
+        self._queued_bytes = 0
         self._wake = asyncio.Event()
         self._busy = False
+        self._task: asyncio.Task[CloseRequest] | None = None
+        self._abandoned = False
         self.sent_seq = 0
         self.close_request: CloseRequest | None = None
 
     @property
     def has_pending_send(self) -> bool:
         return self._busy or bool(self._queue)
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._queued_bytes
 
     def begin(self, welcome: _Frame | None, start_seq: int, replay: list[LoggedEvent]) -> None:
         """Queue the welcome, then the replay, then live events seen meanwhile."""
@@ -84,8 +144,10 @@ class Outbound:
 
     def push_frame(self, type_: str, text: str) -> None:
         if self.close_request is None:
+            self._queued_bytes += len(text)
             self._queue.append(_Frame(type_, text))
             self._wake.set()
+            self._check_bounds()
 
     def push_event(self, event: LoggedEvent) -> None:
         if self.close_request is not None:
@@ -93,26 +155,58 @@ class Outbound:
         if self._held is not None:
             self._held.append(event)
             return
-        if self._queued_events >= self._max_events:
-            self.close(CloseRequest(4009, "slow consumer: resume to catch up"), drop_pending=True)
-            return
         self._queued_events += 1
+        self._queued_bytes += len(event.frame)
         self._queue.append(event)
         self._wake.set()
+        self._check_bounds()
+
+    def _check_bounds(self) -> None:
+        """Over `max_events` frames, or over `max_bytes` not counting the largest
+        queued frame: one frame of any size (a long `message.done`, a big
+        prompt in `run.started`) may wait, with up to `max_bytes` behind or
+        before it. The scan for the largest runs only while over `max_bytes`."""
+        over = self._queued_events > self._max_events
+        if not over and self._max_bytes and self._queued_bytes > self._max_bytes:
+            largest = max(_size(item) for item in self._queue)
+            over = self._queued_bytes - largest > self._max_bytes
+        if over:
+            self.close(CloseRequest(4009, "slow consumer: resume to catch up"), drop_pending=True)
 
     def close(self, request: CloseRequest, *, drop_pending: bool = False) -> None:
-        """Send what is queued (unless `drop_pending`), then close."""
+        """Send what is queued (unless `drop_pending`), then close.
+
+        With `drop_pending`, the queue goes at once, and a writer blocked in a
+        send to a peer that does not read is abandoned (cancelled where it
+        waits, before any byte of that frame is written), so the close can be
+        performed now and the memory is freed."""
         if self.close_request is not None:
             return
         self.close_request = request
         if drop_pending:
             self._queue.clear()
             self._queued_events = 0
+            self._queued_bytes = 0
+            task = self._task
+            if self._busy and task is not None and task is not asyncio.current_task():
+                self._abandoned = True
+                task.cancel()
         self._queue.append(request)
         self._wake.set()
 
     async def run(self) -> CloseRequest:
         """Send until a close is requested; return it for the endpoint to perform."""
+        self._task = asyncio.current_task()
+        try:
+            return await self._run()
+        except asyncio.CancelledError:
+            task = self._task
+            if self._abandoned and task is not None and task.uncancel() == 0 and \
+                    self.close_request is not None:
+                return self.close_request  # our own cancel: the peer is not reading
+            raise
+
+    async def _run(self) -> CloseRequest:
         while True:
             while not self._queue:
                 self._busy = False
@@ -127,10 +221,12 @@ class Outbound:
                 if isinstance(item, CloseRequest):
                     return item
                 if isinstance(item, _Frame):
+                    self._queued_bytes -= len(item.text)
                     await self._send(item.text)
                     self._on_sent(item.type)
                 elif isinstance(item, LoggedEvent):
                     self._queued_events -= 1
+                    self._queued_bytes -= len(item.frame)
                     if not await self._send_event(item):
                         return self._lost_track()
                 else:
@@ -145,21 +241,39 @@ class Outbound:
         self.close_request = CloseRequest(1011, "missed events are no longer in the log; resume")
         return self.close_request
 
+    async def _fill(self, after: int, until: int) -> list[LoggedEvent] | None:
+        """Events after..until from the log, waiting out backend outages."""
+        delay = BACKFILL_RETRY_FIRST_S
+        while True:
+            try:
+                return await self._backfill(after, until)
+            except BackendUnavailable as exc:
+                if delay == BACKFILL_RETRY_FIRST_S:
+                    logger.warning("backend unavailable while filling a gap (%s); retrying", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, BACKFILL_RETRY_MAX_S)
+
+    async def _deliver(self, event: LoggedEvent) -> None:
+        frame = event.frame
+        if event.type == "tool.call" and '"token"' in frame:
+            owner, stripped = _tool_call_view(frame)
+            if owner != self._user_id:
+                frame = stripped
+        await self._send(frame)
+        self.sent_seq = event.seq
+        self._on_sent(event.type)
+
     async def _send_event(self, event: LoggedEvent) -> bool:
         if event.seq <= self.sent_seq:
             return True
         if event.seq > self.sent_seq + 1:
-            missing = await self._backfill(self.sent_seq, event.seq - 1)
+            missing = await self._fill(self.sent_seq, event.seq - 1)
             if missing is None:
                 return False
             for earlier in missing:
                 if earlier.seq == self.sent_seq + 1:
-                    await self._send(earlier.frame)
-                    self.sent_seq = earlier.seq
-                    self._on_sent(earlier.type)
+                    await self._deliver(earlier)
             if self.sent_seq != event.seq - 1:
                 return False
-        await self._send(event.frame)
-        self.sent_seq = event.seq
-        self._on_sent(event.type)
+        await self._deliver(event)
         return True

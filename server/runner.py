@@ -6,6 +6,9 @@ tiny frames, compression bombs). uvicorn's own frame cap sits above ours so a
 too-large frame normally gets our `too_large` error before close 1009.
 """
 
+import asyncio
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
@@ -30,3 +33,27 @@ def uvicorn_config(app: Starlette, settings: Settings, **overrides: Any) -> uvic
     }
     options.update(overrides)
     return uvicorn.Config(app, **options)
+
+
+def metrics_config(app: Starlette, settings: Settings) -> uvicorn.Config:
+    """The `COWRITE_METRICS_PORT` listener: plain HTTP, same host, no lifespan."""
+    return uvicorn.Config(app, host=settings.host, port=settings.metrics_port or 0,
+                          lifespan="off", log_level="warning", access_log=False,
+                          ws="none", timeout_graceful_shutdown=1)
+
+
+class MetricsServer(uvicorn.Server):
+    """A second uvicorn server inside the main one's event loop (started by the
+    main app's lifespan). It leaves signals to the main server: its own
+    `capture_signals` would take SIGTERM away from the draining logic."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    async def wait_started(self, task: "asyncio.Task[None]") -> None:
+        while not self.started:
+            if task.done():
+                task.result()  # a bind failure (port in use) surfaces here
+                raise RuntimeError("the metrics listener did not start")
+            await asyncio.sleep(0.01)

@@ -28,18 +28,25 @@ class Settings(BaseSettings):
     jwt_audience: str | None = None
     call_token_secret: SecretStr | None = None
     allowed_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    metrics_token: SecretStr | None = None  # Bearer token /metrics asks for, when set
+    metrics_port: int | None = None  # serve /metrics on this port only (not the main one)
 
     # Transport (sections 1 and 7)
     max_message_bytes: int = 1_048_576
     heartbeat_s: float = 20.0
     hello_timeout_s: float = 5.0
     outbound_queue_max: int = 4096
+    outbound_max_bytes: int = 1_048_576  # queued frame text per connection, then 4009
+    max_json_depth: int = 64  # 0: only orjson's own limit (1024)
+    max_pending_handshakes: int = 256  # sockets not yet past hello, per instance; 0: no cap
     max_invalid_messages: int = 20
     close_timeout_s: float = 2.0
 
     # Document logs and backend (section 3)
     redis_url: str | None = None
     log_max_events: int = 10_000
+    memory_idle_s: float = 3600.0  # memory backend: evict documents idle this long; 0: never
+    memory_max_documents: int = 10_000  # memory backend: LRU cap on documents held; 0: none
 
     # Limits (section 6a); 0 disables
     max_connections_per_user: int = 50
@@ -87,6 +94,12 @@ class Settings(BaseSettings):
             raise ValueError("COWRITE_MAX_MESSAGE_BYTES must be at least 1024")
         if self.outbound_queue_max < 16:
             raise ValueError("COWRITE_OUTBOUND_QUEUE_MAX must be at least 16")
+        if self.outbound_max_bytes < 16_384:
+            raise ValueError("COWRITE_OUTBOUND_MAX_BYTES must be at least 16384")
+        if self.max_json_depth < 0:
+            raise ValueError("COWRITE_MAX_JSON_DEPTH must be 0 (orjson's limit) or more")
+        if self.metrics_port is not None and self.metrics_port == self.port:
+            raise ValueError("COWRITE_METRICS_PORT must differ from COWRITE_PORT")
         return self
 
     @property

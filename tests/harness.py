@@ -194,6 +194,8 @@ class RawClient:
         )
         status = await reader.readline()
         if b" 101 " not in status:
+            writer.close()
+            await writer.wait_closed()
             raise RuntimeError(f"upgrade refused: {status!r}")
         while (await reader.readline()) not in (b"\r\n", b""):
             pass

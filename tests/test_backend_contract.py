@@ -113,3 +113,20 @@ async def test_redis_outage_is_a_clear_error_and_recovers() -> None:
             assert isinstance(events, list) and [e.seq for e in events] == [1, 2]
         finally:
             await backend.close()
+
+
+async def test_an_unloggable_event_takes_no_seq(backend: Backend) -> None:
+    """Issue 11: serialization fails before a seq is taken, in both backends."""
+    from server.backends.base import UnloggableEvent
+
+    deep: object = 1
+    for _ in range(300):
+        deep = [deep]
+    await backend.append("d", {"type": "document.changed"})
+    for bad in (deep, 2**64):
+        with pytest.raises(UnloggableEvent):
+            await backend.append("d", {"type": "tool.done", "output": bad})
+    assert (await backend.append("d", {"type": "document.changed"})).seq == 2
+    epoch, last = await backend.head("d")
+    replay = await backend.read_after("d", epoch, 0)
+    assert last == 2 and isinstance(replay, list) and [e.seq for e in replay] == [1, 2]

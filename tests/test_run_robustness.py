@@ -6,6 +6,7 @@ and that nobody was told an exception's text.
 """
 
 import asyncio
+import contextlib
 import random
 from typing import Any
 
@@ -13,6 +14,7 @@ import orjson
 import pytest
 
 from tests.harness import Client, Server, joined, running_server
+from tests.redis_support import redis_process
 from tests.runs import READ, REPLACE_DOC, answer, call, of_run, script, start
 
 DEPTHS = [100, 300, 1000, 5000]
@@ -251,3 +253,24 @@ async def test_approval_cancel_edit_and_result_arriving_together(server: Server,
         assert len({c["call_id"] for c in calls}) == len(calls)
         no_internal_errors(alice)
     await another_user_completes_a_run(server)
+
+
+@pytest.mark.parametrize("backend", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def test_a_run_started_the_moment_the_last_one_finished_is_accepted(backend: str) -> None:
+    """run.finished is logged a moment before the document is released; a start that
+    arrives in that moment waits for the release instead of hearing document_busy."""
+    async with contextlib.AsyncExitStack() as stack:
+        overrides: dict[str, Any] = {}
+        if backend == "redis":
+            overrides["redis_url"] = (await stack.enter_async_context(redis_process())).url
+        server = await stack.enter_async_context(running_server(**overrides))
+        alice, _ = await stack.enter_async_context(joined(server))
+        bob, _ = await stack.enter_async_context(joined(server, sub="bob", client_id="bob-tab"))
+        for round_ in range(10):
+            ack = await start(alice, script({"say": "quick"}), run_id=f"first-{round_}")
+            await bob.recv_until(lambda e, run_id=ack["run_id"]: e.get("type") == "run.finished"
+                                 and e.get("run_id") == run_id)
+            second = await start(bob, script({"say": "right after"}), run_id=f"second-{round_}")
+            assert second["status"] == "running"
+            await alice.recv_until(lambda e, run_id=second["run_id"]: e.get("type") ==
+                                   "run.finished" and e.get("run_id") == run_id)

@@ -26,7 +26,7 @@ from server.agent import json_format
 from server.agent.driver import RunDriver
 from server.agent.environment import RunEnvironment
 from server.agent.history import model_messages
-from server.agent.run_state import RunState, ToolOutcome
+from server.agent.run_state import TERMINAL, RunState, ToolOutcome
 from server.agent.steps import (
     ApprovalAnswer,
     Cancel,
@@ -45,6 +45,7 @@ from server.ports import EventLog, LocalPresence
 logger = logging.getLogger("cowrite.agent")
 FINISHED_RUNS_KEPT = 256
 SUPERSEDE_WAIT_S = 3.0
+RELEASE_WAIT_S = 1.0
 
 
 class RunCoordinator:
@@ -175,6 +176,11 @@ class RunCoordinator:
                        details=[{"loc": problem[0], "msg": problem[1]}])
             return
         active = self.active
+        if active is not None and active.state.finished:  # ended, still letting go
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(RELEASE_WAIT_S):
+                    await active.done.wait()
+            active = self.active
         if active is not None and (active.state.client_id != peer.client_id
                                    or active.state.user_id != peer.user_id):
             peer.error(ErrorCode.DOCUMENT_BUSY,
@@ -261,6 +267,14 @@ class RunCoordinator:
         registry, lease = self.env.registry, self.env.settings.run_lease_s
         record = state.to_record(self.env.instance_id)
         holder = await registry.claim_run(self.document_id, record, lease)
+        if holder is not None and await self._ending(holder):
+            try:  # its run.finished is logged; the release is on its way
+                async with asyncio.timeout(RELEASE_WAIT_S):
+                    while holder is not None and await self._ending(holder):
+                        await asyncio.sleep(0.02)
+                        holder = await registry.claim_run(self.document_id, record, lease)
+            except TimeoutError:
+                pass
         if holder is None or holder.get("client_id") != peer.client_id or \
                 holder.get("user_id") != peer.user_id or holder.get("owner") == \
                 self.env.instance_id:
@@ -276,6 +290,12 @@ class RunCoordinator:
         except TimeoutError:
             pass
         return holder
+
+    async def _ending(self, holder: dict[str, Any]) -> bool:
+        """Whether the run holding the document has already ended (its record says so)."""
+        record = await self.env.registry.get_run_record(self.document_id,
+                                                        str(holder.get("run_id")))
+        return record is not None and record.get("status") in TERMINAL
 
     async def _launch(self, state: RunState, peer: Peer, message: RunStart) -> None:
         registry = self.env.registry

@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol
 
+import orjson
+
 ResumeFailure = Literal["epoch_changed", "history_truncated"]
 
 
@@ -36,8 +38,25 @@ class BackendUnavailable(Exception):
 
 
 class UnloggableEvent(ValueError):
-    """The event cannot be serialized (e.g. nested beyond the encoder's limit); nothing
-    was logged and no seq was taken."""
+    """The event cannot be serialized (nested too deep for the encoder, an integer
+    beyond 64 bits, a non-JSON value). `append` raises it before any seq is taken,
+    so the log keeps no trace and no gap; the caller answers the client that
+    caused it (`invalid_message` / `internal`), never closing anyone's connection.
+    The message is for the server log only: it may quote the encoder."""
+
+
+def encode_event_body(event: dict[str, Any]) -> bytes:
+    """The event's JSON without its closing brace, ready for `,"seq":N,"ts":T}`.
+
+    Serializing first, before a seq exists, is what keeps the log gapless: an
+    event that cannot be encoded fails here and never takes a number.
+    """
+    if not event or "seq" in event or "ts" in event:
+        raise UnloggableEvent("an event needs fields and must not carry seq or ts")
+    try:
+        return orjson.dumps(event)[:-1]
+    except orjson.JSONEncodeError as exc:
+        raise UnloggableEvent(f"event {event.get('type')!r} cannot be serialized: {exc}") from exc
 
 
 class Backend(Protocol):
@@ -55,7 +74,9 @@ class Backend(Protocol):
 
     # -- the document log (section 3) ------------------------------------
     async def append(self, document_id: str, event: dict[str, Any]) -> LoggedEvent:
-        """Stamp `seq` and `ts`, log the event, deliver it to listeners."""
+        """Serialize the event, then stamp `seq` and `ts`, log it and deliver it to
+        listeners. Raises `UnloggableEvent` (nothing logged, no seq used) when the
+        event cannot be serialized."""
         ...
 
     async def head(self, document_id: str) -> LogHead: ...

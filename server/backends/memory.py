@@ -2,29 +2,50 @@
 
 Appends never await, so seq assignment and delivery to listeners are atomic
 with respect to the event loop: a listener sees events in seq order with no
-gap. The epoch is drawn per document log when it is created, so a restarted
-process tells resuming clients `epoch_changed`.
+gap. An event is serialized before it takes a seq, so one that cannot be
+encoded (`UnloggableEvent`) leaves no trace. The epoch is drawn per document
+log when it is created, so a restarted process, or a document evicted while
+idle, tells resuming clients `epoch_changed`.
+
+Eviction (`COWRITE_MEMORY_IDLE_S`, `COWRITE_MEMORY_MAX_DOCUMENTS`): every
+operation on a document marks it used. A document is *in use* while some
+connection of this process is subscribed to it or it has an active run; an
+in-use document is never evicted. Two rules free the rest, log, history and
+run records together:
+- idle: a document not used for `idle_s` seconds is evicted by a sweep that
+  runs every `idle_s / 4` seconds (at most every 30 s);
+- count: when more than `max_documents` documents are held, the least
+  recently used ones that are not in use are evicted at once, idle or not,
+  so memory stays bounded under a flood of new documents.
+0 disables a rule.
 """
 
 import asyncio
+import bisect
+import contextlib
+import ctypes
+import ctypes.util
+import logging
 import time
 import uuid
-from collections import defaultdict, deque
-from collections.abc import AsyncIterator
+from collections import OrderedDict, defaultdict, deque
+from collections.abc import AsyncIterator, Callable
+from itertools import islice
 from typing import Any
-
-import orjson
 
 from server.backends.base import (
     EventListener,
     LoggedEvent,
     LogHead,
     ResumeFailure,
-    UnloggableEvent,
+    encode_event_body,
 )
 
+logger = logging.getLogger("cowrite.memory")
 HISTORY_MAX_ENTRIES = 2000
 RUN_RECORDS_MAX = 1000
+SWEEP_MAX_INTERVAL_S = 30.0
+TRIM_AFTER_EVICTIONS = 256
 
 
 class _DocumentLog:
@@ -40,11 +61,38 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _malloc_trim() -> Callable[[], None]:
+    """glibc's `malloc_trim(0)`, or a no-op elsewhere: after evicting many
+    documents it hands freed heap pages back to the OS, so RSS really falls."""
+    name = ctypes.util.find_library("c")
+    libc = None
+    if name:
+        with contextlib.suppress(OSError):
+            libc = ctypes.CDLL(name)
+    trim = getattr(libc, "malloc_trim", None)
+
+    def run() -> None:
+        if trim is not None:
+            trim(0)
+
+    return run
+
+
 class MemoryBackend:
     remote = False
 
-    def __init__(self, log_max_events: int = 10_000) -> None:
+    def __init__(self, log_max_events: int = 10_000, *, idle_s: float = 3600.0,
+                 max_documents: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._log_max_events = log_max_events
+        self._idle_s = idle_s
+        self._max_documents = max_documents
+        self._clock = clock
+        self._used: OrderedDict[str, float] = OrderedDict()  # least recently used first
+        self._sweeper: asyncio.Task[None] | None = None
+        self._trim = _malloc_trim()
+        self._evicted_since_trim = 0
+        self.evictions = 0
         self._logs: dict[str, _DocumentLog] = {}
         self._listeners: dict[str, list[EventListener]] = defaultdict(list)
         self._history: dict[str, deque[dict[str, Any]]] = {}
@@ -57,29 +105,100 @@ class MemoryBackend:
         self._inboxes: dict[str, asyncio.Queue[dict[str, Any]]] = defaultdict(asyncio.Queue)
 
     async def start(self) -> None:
-        return None
+        if self._idle_s > 0 and self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._sweep_loop())
 
     async def close(self) -> None:
-        return None
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+
+    # -- eviction ---------------------------------------------------------------
+    @property
+    def document_count(self) -> int:
+        return len(self._used)
+
+    def _touch(self, document_id: str) -> None:
+        used = self._used
+        if document_id in used:
+            used.move_to_end(document_id)
+            used[document_id] = self._clock()
+            return
+        used[document_id] = self._clock()
+        if self._max_documents and len(used) > self._max_documents:
+            self.evict(protect=document_id)
+
+    def in_use(self, document_id: str) -> bool:
+        """Subscribed connections or an active run keep a document."""
+        return bool(self._listeners.get(document_id)) or document_id in self._active
+
+    def evict(self, protect: str | None = None) -> int:
+        """Apply both eviction rules now; return how many documents went.
+        `protect`: the document being used right now (the newest), kept."""
+        now, used, evicted = self._clock(), self._used, 0
+        skipped: list[str] = []
+        while used:
+            document_id, last = next(iter(used.items()))
+            if document_id == protect:
+                break
+            over = bool(self._max_documents) and len(used) + len(skipped) > self._max_documents
+            idle = self._idle_s > 0 and now - last >= self._idle_s
+            if not (over or idle):
+                break
+            del used[document_id]
+            if self.in_use(document_id):
+                skipped.append(document_id)
+                continue
+            self._forget(document_id)
+            evicted += 1
+        for document_id in skipped:  # still in use: as good as used now
+            used[document_id] = now
+        if evicted:
+            self.evictions += evicted
+            self._evicted_since_trim += evicted
+            if self._evicted_since_trim >= TRIM_AFTER_EVICTIONS:
+                self.trim()
+        return evicted
+
+    def trim(self) -> None:
+        """Give freed heap pages back to the OS (glibc keeps them otherwise)."""
+        self._evicted_since_trim = 0
+        self._trim()
+
+    def _forget(self, document_id: str) -> None:
+        self._logs.pop(document_id, None)
+        self._history.pop(document_id, None)
+        self._runs.pop(document_id, None)
+        self._presence.pop(document_id, None)
+
+    async def _sweep_loop(self) -> None:
+        interval = min(SWEEP_MAX_INTERVAL_S, self._idle_s / 4)
+        while True:
+            await asyncio.sleep(interval)
+            evicted = self.evict()
+            if evicted:
+                self.trim()  # at most once per sweep: a few ms at most
+                logger.info("evicted %d idle documents (%d kept)", evicted, len(self._used))
 
     async def ready(self) -> bool:
         return True
 
     def _log(self, document_id: str) -> _DocumentLog:
+        self._touch(document_id)
         log = self._logs.get(document_id)
         if log is None:
             log = self._logs[document_id] = _DocumentLog(self._log_max_events)
         return log
 
     async def append(self, document_id: str, event: dict[str, Any]) -> LoggedEvent:
+        body = encode_event_body(event)  # may raise UnloggableEvent: no seq is taken
         log = self._log(document_id)
         seq = log.last_seq + 1
-        try:  # serialize before the number is taken: a refusal leaves no gap
-            frame = orjson.dumps({**event, "seq": seq, "ts": now_ms()}).decode()
-        except (TypeError, ValueError) as exc:
-            raise UnloggableEvent(f"event cannot be serialized: {exc}") from exc
-        log.last_seq = seq
+        frame = body.decode() + f',"seq":{seq},"ts":{now_ms()}}}'
         logged = LoggedEvent(seq, str(event["type"]), frame)
+        log.last_seq = seq
         log.events.append(logged)
         for listener in tuple(self._listeners.get(document_id, ())):
             listener(logged)
@@ -92,24 +211,30 @@ class MemoryBackend:
     async def read_after(
         self, document_id: str, epoch: str, after_seq: int, until_seq: int | None = None
     ) -> list[LoggedEvent] | ResumeFailure:
+        """Found by seq (bisect over the seq-ordered log), never by position."""
         log = self._log(document_id)
         if epoch != log.epoch:
             return "epoch_changed"
-        last = log.last_seq if until_seq is None else min(until_seq, log.last_seq)
         if after_seq > log.last_seq:
             return "history_truncated"
+        last = log.last_seq if until_seq is None else min(until_seq, log.last_seq)
         if after_seq >= last:
             return []
-        oldest = log.events[0].seq if log.events else log.last_seq + 1
-        if oldest > after_seq + 1:
+        events = log.events
+        start = bisect.bisect_right(events, after_seq, key=lambda e: e.seq)
+        stop = bisect.bisect_right(events, last, key=lambda e: e.seq)
+        found = list(islice(events, start, stop))
+        if not found or found[0].seq != after_seq + 1 or found[-1].seq != last or \
+                len(found) != last - after_seq:
             return "history_truncated"
-        start = after_seq + 1 - oldest
-        return [log.events[i] for i in range(start, start + (last - after_seq))]
+        return found
 
     async def subscribe(self, document_id: str, listener: EventListener) -> None:
+        self._touch(document_id)
         self._listeners[document_id].append(listener)
 
     def unsubscribe(self, document_id: str, listener: EventListener) -> None:
+        self._touch(document_id)
         listeners = self._listeners.get(document_id)
         if listeners and listener in listeners:
             listeners.remove(listener)
@@ -117,6 +242,7 @@ class MemoryBackend:
                 del self._listeners[document_id]
 
     async def append_history(self, document_id: str, entries: list[dict[str, Any]]) -> None:
+        self._touch(document_id)
         history = self._history.get(document_id)
         if history is None:
             history = self._history[document_id] = deque(maxlen=HISTORY_MAX_ENTRIES)
@@ -126,6 +252,7 @@ class MemoryBackend:
         return list(self._history.get(document_id, ()))
 
     async def put_run_record(self, document_id: str, run_id: str, record: dict[str, Any]) -> None:
+        self._touch(document_id)
         runs = self._runs[document_id]
         runs[run_id] = record
         while len(runs) > RUN_RECORDS_MAX:
@@ -172,6 +299,7 @@ class MemoryBackend:
     # One process: the active run is always this process's own, nothing expires.
     async def claim_run(self, document_id: str, record: dict[str, Any], lease_s: float
                         ) -> dict[str, Any] | None:
+        self._touch(document_id)
         active = self._active.get(document_id)
         if active is not None:
             return active
@@ -189,6 +317,7 @@ class MemoryBackend:
         active = self._active.get(document_id)
         if active is not None and active["run_id"] == run_id:
             del self._active[document_id]
+            self._touch(document_id)  # idle from now on, not from the run's start
 
     async def active_run(self, document_id: str) -> dict[str, Any] | None:
         return self._active.get(document_id)
@@ -206,9 +335,14 @@ class MemoryBackend:
 
     async def set_presence(self, document_id: str, member: str, present: bool) -> None:
         if present:
+            self._touch(document_id)
             self._presence[document_id].add(member)
         else:
-            self._presence[document_id].discard(member)
+            members = self._presence.get(document_id)
+            if members is not None:
+                members.discard(member)
+                if not members:
+                    del self._presence[document_id]
 
     async def is_present(self, document_id: str, user_id: str, client_id: str) -> bool:
         prefix = f"{user_id}|{client_id}|"

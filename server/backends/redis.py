@@ -5,7 +5,9 @@ Per document (keys share a hash tag, so a cluster keeps them on one slot):
 - `cw:{doc}:log` stream: one entry per event, ID `<seq>-1`, trimmed with
   `MAXLEN ~` (which keeps at least the last N);
 - `cw:{doc}:hist` list: conversation history; `cw:{doc}:runs` hash: run records.
-One Lua script stamps seq, writes the stream entry and publishes the frame on
+The event is serialized in Python before the script runs, so an event that
+cannot be encoded (`UnloggableEvent`) never takes a seq. One Lua script
+stamps seq, writes the stream entry and publishes the frame on
 `cw:live:{doc}` atomically, so pub/sub delivers in seq order; an instance that
 misses a message (a reconnect) fills the gap from the stream. Limits are
 shared: connections per user in a sorted set whose entries expire unless
@@ -34,6 +36,18 @@ from server.backends.base import (
     LoggedEvent,
     LogHead,
     ResumeFailure,
+    encode_event_body,
+)
+from server.backends.redis_scripts import (
+    APPEND_LUA,
+    CLAIM_RUN_LUA,
+    CONNECTION_LUA,
+    EXPIRED_RUNS_LUA,
+    HEAD_LUA,
+    PRESENT_LUA,
+    RELEASE_RUN_LUA,
+    RENEW_RUN_LUA,
+    RUN_SLOT_LUA,
 )
 
 logger = logging.getLogger("cowrite.redis")
@@ -45,91 +59,6 @@ CONNECTION_TTL_S = 90.0
 RENEW_EVERY_S = 30.0
 READ_CHUNK = 1000
 
-_INIT = """
-local epoch = redis.call('HGET', KEYS[1], 'epoch')
-if not epoch then
-  epoch = ARGV[1]
-  redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[1], 'epoch', epoch, 'last_seq', 0)
-end
-"""
-APPEND_LUA = _INIT + """
-local seq = redis.call('HINCRBY', KEYS[1], 'last_seq', 1)
-local frame = ARGV[2] .. ',"seq":' .. seq .. ',"ts":' .. ARGV[3] .. '}'
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], seq .. '-1', 't', ARGV[5], 'f', frame)
-redis.call('PUBLISH', ARGV[6], seq .. ' ' .. ARGV[5] .. ' ' .. frame)
-return {epoch, seq, frame}
-"""
-HEAD_LUA = _INIT + """
-return {epoch, redis.call('HGET', KEYS[1], 'last_seq')}
-"""
-RUN_SLOT_LUA = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1] - 60000)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
-  local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  return oldest[2] + 60000 - ARGV[1]
-end
-redis.call('ZADD', KEYS[1], ARGV[1], ARGV[3])
-redis.call('PEXPIRE', KEYS[1], 61000)
-return 0
-"""
-CONNECTION_LUA = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-if tonumber(ARGV[3]) > 0 and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then
-  return 0
-end
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
-redis.call('PEXPIRE', KEYS[1], math.floor(ARGV[2] - ARGV[1]))
-return 1
-"""
-
-# Active runs: the record in cw:{doc}:active (no TTL, so a dead owner's run can
-# still be announced), the lease in the sorted set cw:leases (score: ms).
-CLAIM_RUN_LUA = """
-local active = redis.call('GET', KEYS[1])
-if active then return active end
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
-return false
-"""
-RENEW_RUN_LUA = """
-local active = redis.call('GET', KEYS[1])
-if not active or cjson.decode(active)['run_id'] ~= ARGV[4] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
-return 1
-"""
-RELEASE_RUN_LUA = """
-local active = redis.call('GET', KEYS[1])
-if active and cjson.decode(active)['run_id'] == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call('ZREM', KEYS[2], ARGV[2])
-end
-return 0
-"""
-EXPIRED_RUNS_LUA = """
-local docs = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 20)
-local out = {}
-for _, doc in ipairs(docs) do
-  redis.call('ZREM', KEYS[1], doc)
-  local key = 'cw:{' .. doc .. '}:active'
-  local active = redis.call('GET', key)
-  if active then
-    redis.call('DEL', key)
-    table.insert(out, doc)
-    table.insert(out, active)
-  end
-end
-return out
-"""
-PRESENT_LUA = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-local members = redis.call('ZRANGE', KEYS[1], 0, -1)
-for _, member in ipairs(members) do
-  if string.sub(member, 1, string.len(ARGV[2])) == ARGV[2] then return 1 end
-end
-return 0
-"""
 LEASES_KEY = "cw:leases"
 INBOX_MAXLEN = 10_000
 INBOX_TTL_S = 3600
@@ -203,7 +132,8 @@ class RedisBackend:
 
     # -- the document log --------------------------------------------------------
     async def append(self, document_id: str, event: dict[str, Any]) -> LoggedEvent:
-        body = orjson.dumps(event)[:-1].decode()
+        # Serialized here, before the script takes a seq: UnloggableEvent leaves no gap.
+        body = encode_event_body(event).decode()
         event_type = str(event["type"])
         epoch, seq, frame = await self._call(self._append(
             keys=_keys(document_id),
@@ -239,8 +169,9 @@ class RedisBackend:
             for entry_id, fields in entries:
                 events.append(LoggedEvent(int(entry_id.split("-")[0]), fields["t"], fields["f"]))
             start = events[-1].seq + 1
-        if after_seq < last and (not events or events[0].seq != after_seq + 1):
-            return "history_truncated"
+        if after_seq < last and (not events or events[0].seq != after_seq + 1
+                                 or len(events) != last - after_seq):
+            return "history_truncated"  # entries are found by seq (stream ID); none may miss
         return events
 
     # -- live fan-out ------------------------------------------------------------

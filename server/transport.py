@@ -1,0 +1,60 @@
+"""Reaching under ASGI for the one thing it cannot do: abort a connection.
+
+A close frame queued behind megabytes that a peer never reads is never
+delivered, and asyncio's graceful `close()` keeps those buffers until the
+peer reads or TCP gives up (zero-window probes can last for hours). So a
+close gets a bounded wait and then `transport.abort()`, which frees the
+buffers at once.
+"""
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+logger = logging.getLogger("cowrite.transport")
+TRANSPORT_KEY = "cowrite.transport"
+DRAIN_POLL_S = 0.02
+
+
+class TransportHandle:
+    """ASGI middleware: put the WebSocket's asyncio transport in the scope.
+
+    uvicorn hands the app its protocol's bound `send`, whose object owns the
+    `transport`; other servers pass through untouched (closes then stay
+    bounded by their own timeouts, without an abort).
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            transport = getattr(getattr(send, "__self__", None), "transport", None)
+            if isinstance(transport, asyncio.WriteTransport):
+                scope[TRANSPORT_KEY] = transport
+        await self.app(scope, receive, send)
+
+
+async def finish_close(close: Awaitable[None], transport: asyncio.WriteTransport | None,
+                       timeout_s: float) -> None:
+    """Run `close` (which writes the close frame once the transport accepts
+    writes) for at most `timeout_s`; then give the written bytes as long
+    again to leave the process; then abort the transport if they have not."""
+    try:
+        await asyncio.wait_for(close, timeout_s)
+    except TimeoutError:
+        pass
+    except Exception:  # the peer closed first: nothing left to send
+        return
+    if transport is None:
+        return
+    for _ in range(max(1, int(timeout_s / DRAIN_POLL_S))):
+        if transport.is_closing() or not transport.get_write_buffer_size():
+            return
+        await asyncio.sleep(DRAIN_POLL_S)
+    if not transport.is_closing() and transport.get_write_buffer_size():
+        logger.info("peer did not read its close frame within %.1f s; aborting", timeout_s)
+        with contextlib.suppress(Exception):
+            transport.abort()
