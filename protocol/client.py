@@ -25,7 +25,7 @@ from protocol.codes import ErrorCode
 
 class ClientMessageBase(WireModel):
     id: MessageId | None = None
-    """Up to 64 chars, echoed as `reply_to` in this message's `ack` or `error`."""
+    """Echoed as `reply_to` in the `ack` or `error` that answers this message."""
 
 
 class ResumePoint(WireModel):
