@@ -17,6 +17,7 @@ from protocol.reference import anchor, problems, render_blocks, splice
 from protocol.schema import build_schema
 from protocol.server import SERVER_EVENT_ADAPTER
 from server.settings import Settings
+from tests.harness import Server, joined
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -142,3 +143,22 @@ def test_client_guide_lists_every_event() -> None:
     guide = (DOCS / "client.md").read_text()
     for kind in sorted(SERVER_TYPES):
         assert f"`{kind}`" in guide, f"docs/client.md does not mention the {kind} event"
+
+
+def _feature_table() -> dict[str, str]:
+    planned = PROTOCOL.read_text().split(PLANNED, 1)[1]
+    rows = re.findall(r"^\| `([a-z_]+)` \| [^|]+ \| (yes|no|partly[^|]*?) \|$", planned,
+                      flags=re.MULTILINE)
+    return dict(rows)
+
+
+async def test_feature_table_matches_what_the_server_announces(server: Server) -> None:
+    """The 1.1 table says "yes" exactly for the features a server lists in welcome.features."""
+    table = _feature_table()
+    assert len(table) == 11, "docs/protocol.md's 1.1 feature table lost rows"
+    async with joined(server) as (_, welcome):
+        announced = set(welcome.get("features", []))
+    assert announced <= set(table), f"features missing from the docs table: {announced}"
+    documented = {name for name, available in table.items() if available == "yes"}
+    assert documented == announced, (
+        "update the 'available' column of docs/protocol.md's Version 1.1 table")
