@@ -48,8 +48,8 @@ def shapes(schema: dict[str, Any]) -> list[Shape]:
     seen: set[str] = set()
 
     def visit(name: str, direction: str, block: str) -> None:
-        if name in seen:
-            return
+        if name in seen or not _is_object(defs[name]):
+            return  # enums and aliases are written inline where they are used
         seen.add(name)
         found.append(Shape(block, name, direction))
         for ref in _refs(defs[name]):
@@ -60,6 +60,10 @@ def shapes(schema: dict[str, Any]) -> list[Shape]:
         for wire_type, ref in union["discriminator"]["mapping"].items():
             visit(_ref_name(ref), direction, wire_type)
     return found
+
+
+def _is_object(definition: dict[str, Any]) -> bool:
+    return "properties" in definition
 
 
 def _ref_name(ref: str) -> str:
@@ -84,18 +88,31 @@ def anchor(heading: str) -> str:
     return slug.replace(" ", "-")
 
 
-def render_type(node: dict[str, Any]) -> str:
-    """A property's JSON Schema as a short human-readable type."""
+INLINE_ENUM_MAX = 6
+
+
+def render_type(node: dict[str, Any], defs: dict[str, Any] | None = None) -> str:
+    """A property's JSON Schema as a short human-readable type.
+
+    A reference to an object links to that object's table; a reference to an
+    enum is written inline, or by name when it has too many values to read.
+    """
     if "$ref" in node:
         name = _ref_name(node["$ref"])
-        return f"[{name}](#{anchor(name)})"
+        target = (defs or {}).get(name, {"properties": {}})
+        if _is_object(target):
+            return f"[{name}](#{anchor(name)})"
+        if len(target.get("enum", [])) > INLINE_ENUM_MAX:
+            return f"{target.get('type', 'string')} (`{name}`, see the description)"
+        return render_type(target, defs)
     if "const" in node:
         return f"`{json.dumps(node['const'])}`"
     if "enum" in node:
         return " or ".join(f"`{json.dumps(value)}`" for value in node["enum"])
     for key in ("anyOf", "oneOf"):
         if key in node:
-            parts = [render_type(part) for part in node[key] if part.get("type") != "null"]
+            parts = [render_type(part, defs) for part in node[key]
+                     if part.get("type") != "null"]
             return " or ".join(parts)
     kind = str(node.get("type"))
     if kind == "string":
@@ -107,7 +124,7 @@ def render_type(node: dict[str, Any]) -> str:
     if kind == "boolean":
         return "boolean"
     if kind == "array":
-        items = render_type(node.get("items", {}))
+        items = render_type(node.get("items", {}), defs)
         most = f" (at most {node['maxItems']})" if "maxItems" in node else ""
         return f"array of {items}{most}"
     if kind == "object":
@@ -140,7 +157,8 @@ def _ordered_fields(definition: dict[str, Any]) -> list[str]:
     return (["type"] if "type" in names else []) + middle + stamps
 
 
-def render_table(definition: dict[str, Any], direction: str) -> str:
+def render_table(definition: dict[str, Any], direction: str,
+                 defs: dict[str, Any] | None = None) -> str:
     """The field table of one model: field, type, required, description."""
     properties: dict[str, Any] = definition.get("properties", {})
     required = set(definition.get("required", []))
@@ -158,7 +176,7 @@ def render_table(definition: dict[str, Any], direction: str) -> str:
         if name == "type" and not description:
             description = "The message type."
         rows.append(
-            f"| `{name}` | {_cell(render_type(node))} | {needed} | {_cell(description)} |"
+            f"| `{name}` | {_cell(render_type(node, defs))} | {needed} | {_cell(description)} |"
         )
     return "\n".join(rows) + "\n"
 
@@ -167,7 +185,7 @@ def render_blocks(schema: dict[str, Any]) -> dict[str, str]:
     """Block name -> generated Markdown, for every shape of the protocol."""
     defs = schema["$defs"]
     return {
-        shape.block: render_table(defs[shape.definition], shape.direction)
+        shape.block: render_table(defs[shape.definition], shape.direction, defs)
         for shape in shapes(schema)
     }
 

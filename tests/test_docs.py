@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from protocol.client import CLIENT_MESSAGE_TYPES, ParseFailure, validate_message
 from protocol.codes import CloseCode, ErrorCode
-from protocol.reference import anchor, problems, render_blocks, splice
+from protocol.reference import anchor, problems, render_blocks, render_type, shapes, splice
 from protocol.schema import build_schema
 from protocol.server import SERVER_EVENT_ADAPTER
 from server.settings import Settings
@@ -162,3 +162,25 @@ async def test_feature_table_matches_what_the_server_announces(server: Server) -
     documented = {name for name, available in table.items() if available == "yes"}
     assert documented == announced, (
         "update the 'available' column of docs/protocol.md's Version 1.1 table")
+
+
+def test_enums_are_written_inline_and_objects_linked() -> None:
+    defs = {
+        "Small": {"type": "string", "enum": ["a", "b"]},
+        "Big": {"type": "string", "enum": [f"code_{i}" for i in range(9)]},
+        "Thing": {"type": "object", "properties": {"x": {"type": "integer"}}},
+    }
+    assert render_type({"$ref": "#/$defs/Small"}, defs) == '`"a"` or `"b"`'
+    assert render_type({"$ref": "#/$defs/Big"}, defs) == "string (`Big`, see the description)"
+    assert render_type({"anyOf": [{"$ref": "#/$defs/Thing"}, {"type": "null"}]}, defs) == (
+        "[Thing](#thing)")
+    schema = {
+        "$defs": {**defs, "Msg": {"type": "object", "properties": {
+            "type": {"const": "m"}, "code": {"$ref": "#/$defs/Big"},
+            "thing": {"$ref": "#/$defs/Thing"}}}},
+        "properties": {
+            "client_message": {"discriminator": {"mapping": {"m": "#/$defs/Msg"}}},
+            "server_event": {"discriminator": {"mapping": {}}},
+        },
+    }
+    assert [shape.block for shape in shapes(schema)] == ["m", "Thing"]
