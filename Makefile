@@ -14,7 +14,10 @@ endif
 # machine's pip configuration); a failed install still says why.
 PIP := $(BIN)/python -m pip install -qq
 
-.PHONY: run test lint typecheck jstest pytest schema bench clean
+NODE_DIR := tests/node
+NODE_STAMP := $(NODE_DIR)/node_modules/.installed
+
+.PHONY: run test lint typecheck jstest pytest schema docs node-deps bench clean
 
 $(BIN)/python:
 	@echo "cowrite: creating $(VENV) (first run only)"
@@ -47,13 +50,29 @@ jstest:
 pytest: $(VENV)/.installed-test
 	$(BIN)/python -m pytest
 
-test: lint typecheck jstest pytest
+test: node-deps lint typecheck jstest pytest
 
-schema: $(VENV)/.installed
+# npm packages for the TypeScript checks (tests/node), installed from the lock
+# file whenever it changes. Without npm: CI fails here; elsewhere the checks skip.
+node-deps:
+	@if command -v npm >/dev/null 2>&1; then $(MAKE) -s --no-print-directory $(NODE_STAMP); \
+	elif [ "$$CI" = "true" ]; then echo "npm is required in CI (.ci/run installs it)" >&2; exit 1; \
+	else echo "npm not found: skipping the TypeScript checks (apt-get install npm)" >&2; fi
+
+$(NODE_STAMP): $(NODE_DIR)/package-lock.json $(NODE_DIR)/package.json
+	cd $(NODE_DIR) && npm ci --no-audit --no-fund --loglevel=error >/dev/null
+	touch $@
+
+# schema.json, the tables in docs/protocol.md and static/protocol.d.ts, from the models.
+docs: $(VENV)/.installed node-deps
 	$(BIN)/python -m protocol.schema
+	$(BIN)/python -m protocol.reference
+	node $(NODE_DIR)/gen-types.mjs
+
+schema: docs
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python -m bench.run
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info $(NODE_DIR)/node_modules

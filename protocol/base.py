@@ -23,7 +23,17 @@ JsonObject = dict[str, Any]
 
 
 class WireModel(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    """Base of every wire model.
+
+    A string literal right under a field is that field's description
+    (`use_attribute_docstrings`): it lands in schema.json, the generated
+    TypeScript declarations and the tables of docs/protocol.md, while the
+    field's own line stays a plain annotation.
+    """
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", populate_by_name=True, use_attribute_docstrings=True
+    )
 
     def to_wire(self) -> dict[str, Any]:
         """The JSON object sent on the wire: None fields are omitted."""

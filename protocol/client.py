@@ -27,53 +27,92 @@ from protocol.jsonlimits import ORJSON_MAX_DEPTH, has_out_of_range_int, nesting_
 
 class ClientMessageBase(WireModel):
     id: MessageId | None = None
+    """Echoed as `reply_to` in the `ack` or `error` that answers this message."""
 
 
 class ResumePoint(WireModel):
+    """Where a reconnecting client left off in the document log."""
+
     epoch: str
+    """`welcome.epoch` of the previous connection."""
     after_seq: NonNegativeInt
+    """The last `seq` the client processed; replay starts after it."""
 
 
 class Hello(ClientMessageBase):
+    """First message on every connection: authenticates and joins the document session."""
+
     type: Literal["hello"]
     protocol: Literal[1] = 1
+    """Protocol version; only 1 exists."""
     client_id: Identifier
+    """Stable per browser tab across reconnects: tool calls are addressed to it."""
     token: str | None = None
+    """The JWT (or send it as `Authorization: Bearer` on the upgrade request)."""
     resume: ResumePoint | None = None
+    """Replay what was missed since a previous connection."""
 
 
 class ToolSpec(WireModel):
+    """A tool the client offers the model; the client that starts the run executes it."""
+
     name: ToolName
+    """1-64 chars of `[A-Za-z0-9_-]`, unique within the run."""
     description: str = ""
+    """What the tool does, for the model."""
     parameters: JsonObject = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    """JSON Schema (object) of the arguments; every call is validated against it."""
     requires_approval: bool = False
+    """Ask the run's user (`approval.requested`) before each call."""
 
 
 class DocumentContext(WireModel):
+    """The document as the client sees it when the run starts."""
+
     text: str
+    """The document's content."""
     version: int | str | None = None
+    """The editor's version of this content, if it keeps one."""
     format: str | None = None
+    """E.g. `markdown`, `html`, `plain`; free text for the model."""
 
 
 class RunContext(WireModel):
+    """What the model is told about the editor besides the prompt."""
+
     document: DocumentContext | None = None
+    """The document (saves the model a `read_document` call)."""
     selection: JsonObject | None = None
+    """The user's selection, in whatever shape the editor uses."""
     extra: JsonObject | None = None
+    """Anything else the model should see."""
 
 
 class RunOptions(WireModel):
+    """Per-run options."""
+
     max_steps: Annotated[int, Field(ge=1)] | None = None
+    """Model calls allowed in this run; can only lower the server's limit."""
     model: str | None = None
+    """Model name for this run (default: the server's)."""
 
 
 class RunStart(ClientMessageBase):
+    """Start an agent run (or a one-call chat) on the document."""
+
     type: Literal["run.start"]
     run_id: Identifier | None = None
+    """Client-chosen id: a retry with the same id starts nothing and acks the run's status."""
     mode: Literal["agent", "chat"] = "agent"
+    """`agent`: model and tools in a loop; `chat`: one model call, no tools."""
     prompt: str
+    """The user's request."""
     context: RunContext | None = None
+    """The document, selection and anything else the model should see."""
     tools: list[ToolSpec] = Field(default_factory=list, max_length=128)
+    """Client tools (at most 128) this client executes for the run."""
     options: RunOptions | None = None
+    """Per-run limits and model."""
 
     @model_validator(mode="after")
     def _unique_tool_names(self) -> "RunStart":
@@ -84,18 +123,30 @@ class RunStart(ClientMessageBase):
 
 
 class ToolError(WireModel):
+    """A failed client tool call, as told to the model."""
+
     message: str
+    """What went wrong, for the model."""
     code: str | None = None
+    """A short machine-readable code of the client's choosing."""
 
 
 class ToolResult(ClientMessageBase):
+    """The outcome of a client tool call: exactly one of `output` or `error`."""
+
     type: Literal["tool.result"]
     run_id: Identifier
+    """`tool.call.run_id`."""
     call_id: Identifier
+    """`tool.call.call_id`."""
     token: str
+    """`tool.call.token`, copied verbatim (single-use, bound to run, call, user and document)."""
     output: Any = None
+    """The tool's result, any JSON (null included); the model sees it."""
     error: ToolError | None = None
+    """Instead of `output`: the tool failed."""
     document_version: int | str | None = None
+    """The document's version after the tool ran, if it changed it."""
 
     @model_validator(mode="before")
     @classmethod
@@ -106,36 +157,59 @@ class ToolResult(ClientMessageBase):
 
 
 class Approval(ClientMessageBase):
+    """The run's user answers an `approval.requested`."""
+
     type: Literal["approval"]
     run_id: Identifier
+    """`approval.requested.run_id`."""
     call_id: Identifier
+    """`approval.requested.call_id`."""
     decision: Literal["approve", "reject"]
+    """`approve` dispatches the call; `reject` tells the model the user said no."""
     reason: str | None = None
+    """Why, for the model (with `reject`)."""
     scope: Literal["call", "run"] = "call"
+    """`run` approves this tool for the rest of the run."""
     arguments: JsonObject | None = None
+    """Approve with these edited arguments instead (validated like the model's)."""
 
 
 class AuthRefresh(ClientMessageBase):
+    """Replace the connection's token before it expires."""
+
     type: Literal["auth.refresh"]
     token: str
+    """A fresh JWT for the same `sub`."""
 
 
 class RunCancel(ClientMessageBase):
+    """The run's user stops the run."""
+
     type: Literal["run.cancel"]
     run_id: Identifier
+    """The run to cancel."""
     reason: str | None = None
+    """Free text, for the logs."""
 
 
 class EditorChange(ClientMessageBase):
+    """The document changed in this editor; broadcast as `document.changed`."""
+
     type: Literal["editor.change"]
     document_version: int | str | None = None
+    """The editor's version after the change."""
     origin: Literal["user", "agent"] = "user"
+    """`user` aborts the active run; `agent` (edits made by tool calls) never does."""
     summary: str | None = None
+    """What changed, in a few words."""
 
 
 class Ping(ClientMessageBase):
+    """Application-level ping; the server answers `pong` with the same `ts`."""
+
     type: Literal["ping"]
     ts: int | float | None = None
+    """Any number, echoed in `pong`."""
 
 
 ClientMessage = Annotated[

@@ -23,162 +23,286 @@ Role = Literal["editor", "viewer"]
 
 
 class Limits(WireModel):
+    """This server's limits, so a client can respect them up front."""
+
     max_message_bytes: int
+    """Largest frame the server accepts (bigger: `too_large`, close 1009)."""
     tool_timeout_s: float
+    """Seconds a client has to answer a `tool.call`."""
     run_timeout_s: float
+    """Seconds a whole run may take."""
     max_steps: int
+    """Model calls per run."""
 
 
 class PendingItem(WireModel):
+    """A tool call or approval the run is waiting for."""
+
     kind: Literal["tool", "approval"]
+    """`tool`: a client tool call awaiting its result; `approval`: awaiting the user."""
     call_id: str
+    """The call's id."""
     name: str
+    """The tool's name."""
     arguments: JsonObject
+    """The call's arguments."""
     token: str | None = None
+    """The call's token (tool calls; only for the run's user)."""
     expires_at: int
+    """Deadline, ms since the Unix epoch."""
 
 
 class RunSnapshot(WireModel):
+    """The state of the document's active run, to rebuild the UI after a reconnect."""
+
     run_id: str
+    """The run's id."""
     status: RunStatus
+    """`running`, `waiting_tool` or `waiting_approval` while active."""
     mode: Literal["agent", "chat"]
+    """As in `run.start`."""
     user_id: str
+    """Who started the run (only this user may approve or cancel)."""
     client_id: str
+    """The run's executor: the tab that runs its client tools."""
     step: int
+    """Model calls made so far."""
     pending: list[PendingItem] = Field(default_factory=list)
+    """Tool calls and approvals the run is waiting for."""
 
 
 class Welcome(WireModel):
+    """Answer to a good `hello`; a resumed welcome is followed by the replayed events."""
+
     type: Literal["welcome"] = "welcome"
     protocol: int
+    """Protocol version (1)."""
     session_id: str
+    """Unique per connection (for logs and support)."""
     document_id: str
+    """The document this connection opened."""
     user_id: str
+    """The token's `sub`."""
     client_id: str
+    """`hello.client_id`."""
     role: Role
+    """`editor`, or `viewer` (read-only: may send only `hello`, `ping`, `auth.refresh`)."""
     epoch: str
+    """Identity of the document log; keep it for `hello.resume`."""
     last_seq: NonNegativeInt
+    """The log's last `seq` when this connection joined."""
     resumed: bool
+    """True: the events after `resume.after_seq` follow, then live ones."""
     resume_failed: Literal["epoch_changed", "history_truncated"] | None = None
+    """Why a requested resume was refused: rebuild from `active_run` and the history."""
     replayed: NonNegativeInt = 0
+    """How many events the replay holds."""
     active_run: RunSnapshot | None = None
+    """The document's active run, if any."""
     limits: Limits
+    """This server's limits."""
 
 
 class Ack(WireModel):
+    """A message with an `id` was accepted (sent only to its sender)."""
+
     type: Literal["ack"] = "ack"
     reply_to: str | None = None
+    """The `id` of the message accepted."""
     run_id: str | None = None
+    """The run concerned."""
     call_id: str | None = None
+    """The tool call concerned."""
     duplicate: bool | None = None
+    """True: a repeat of something already done; nothing changed."""
     status: str | None = None
+    """E.g. the run's status for `run.start`, `accepted` for `tool.result`."""
 
 
 class Error(WireModel):
+    """A message was refused (sent only to its sender); the connection stays open unless noted."""
+
     type: Literal["error"] = "error"
     code: ErrorCode
+    """One of the error codes (docs/protocol.md, Errors)."""
     message: str
+    """For people; never exception text."""
     reply_to: str | None = None
+    """The `id` of the message refused, when it could be read."""
     run_id: str | None = None
+    """The run concerned."""
     details: Any = None
+    """For `invalid_message`: a list of `{loc, msg}` saying where."""
     retry_after_ms: int | None = None
+    """For `rate_limited` and `unavailable`: when to try again."""
 
 
 class Pong(WireModel):
+    """Answer to `ping`."""
+
     type: Literal["pong"] = "pong"
     ts: int | float | None = None
+    """`ping.ts`, echoed."""
 
 
 class DurableEvent(WireModel):
     """Base of logged events; `seq` and `ts` are stamped by the backend."""
 
     seq: int | None = None
+    """Position in the document log: per document, from 1, no gaps."""
     ts: int | None = None
+    """Server time, ms since the Unix epoch."""
 
 
 class RunStarted(DurableEvent):
+    """A run began."""
+
     type: Literal["run.started"] = "run.started"
     run_id: str
+    """The run's id."""
     mode: Literal["agent", "chat"]
+    """As in `run.start`."""
     user_id: str
+    """Who started it."""
     client_id: str
+    """The run's executor: the tab that runs its client tools."""
     prompt: str
+    """The user's request."""
 
 
 class MessageDelta(DurableEvent):
+    """A piece of the assistant's text; append it to the message."""
+
     type: Literal["message.delta"] = "message.delta"
     run_id: str
+    """The run's id."""
     message_id: str
+    """The assistant message this piece belongs to."""
     delta: str
+    """Text to append (consecutive deltas may arrive merged)."""
 
 
 class MessageDone(DurableEvent):
+    """An assistant message is complete."""
+
     type: Literal["message.done"] = "message.done"
     run_id: str
+    """The run's id."""
     message_id: str
+    """The message completed."""
     text: str
+    """The whole message (the concatenated deltas)."""
 
 
 class ToolCall(DurableEvent):
+    """The model calls a tool; a client tool is executed by the tab named in `client_id`."""
+
     type: Literal["tool.call"] = "tool.call"
     run_id: str
+    """The run's id."""
     call_id: str
+    """The call's id; answer with `tool.result.call_id`."""
     name: str
+    """The tool's name."""
     arguments: JsonObject
+    """Arguments, already validated against the tool's `parameters`."""
     executor: Literal["client", "server"]
+    """`client`: the tab `client_id` must run it; `server`: informational."""
     client_id: str | None = None
+    """Client tools: the tab that must execute the call."""
     token: str | None = None
+    """Client tools: single-use token to copy into `tool.result`."""
     expires_at: int | None = None
+    """Client tools: deadline for the result, ms since the Unix epoch."""
 
 
 class ApprovalRequested(DurableEvent):
+    """A call of a `requires_approval` tool waits for the run's user."""
+
     type: Literal["approval.requested"] = "approval.requested"
     run_id: str
+    """The run's id."""
     call_id: str
+    """The call awaiting approval; answer with `approval.call_id`."""
     name: str
+    """The tool's name."""
     arguments: JsonObject
+    """The arguments the model proposes."""
     expires_at: int
+    """Deadline for the answer, ms since the Unix epoch."""
 
 
 class ApprovalResolved(DurableEvent):
+    """An approval was answered (close the dialog in every tab)."""
+
     type: Literal["approval.resolved"] = "approval.resolved"
     run_id: str
+    """The run's id."""
     call_id: str
+    """The call that was approved or rejected."""
     decision: Literal["approve", "reject"]
+    """The answer."""
     user_id: str
+    """Who answered."""
 
 
 class ToolDone(DurableEvent):
+    """A tool call ended, however it ended."""
+
     type: Literal["tool.done"] = "tool.done"
     run_id: str
+    """The run's id."""
     call_id: str
+    """The call that ended."""
     status: ToolDoneStatus
+    """`ok`, `error`, `rejected` (by the user), `timeout` or `cancelled` (run ended)."""
     output: Any = None
+    """With `ok`: the result."""
     error: JsonObject | None = None
+    """Otherwise: `{message, code?}`."""
 
 
 class RunError(WireModel):
+    """Why a run failed."""
+
     code: str
+    """Machine-readable, e.g. `upstream_error`."""
     message: str
-    details: JsonObject | None = None  # upstream failures: {"kind", "status"?}
+    """For people; never exception text."""
+    details: JsonObject | None = None
+    """Upstream failures: {kind, status?} (PROTOCOL.md section 10)."""
 
 
 class RunFinished(DurableEvent):
+    """A run ended; exactly one per run."""
+
     type: Literal["run.finished"] = "run.finished"
     run_id: str
+    """The run's id."""
     status: FinishedStatus
+    """`completed`, `cancelled`, `aborted`, `failed` or `timed_out`."""
     reason: str | None = None
+    """Why it ended early, e.g. `document_changed`, `user_cancelled`, `max_steps`."""
     error: RunError | None = None
+    """With `failed`: what failed."""
     steps: int
+    """Model calls made."""
     usage: JsonObject | None = None
+    """Token usage reported by the model provider, if any."""
 
 
 class DocumentChanged(DurableEvent):
+    """Someone's editor reported a change (`editor.change`)."""
+
     type: Literal["document.changed"] = "document.changed"
     document_version: int | str | None = None
+    """The editor's version after the change."""
     user_id: str
+    """Who changed it."""
     client_id: str
+    """In which tab."""
     origin: Literal["user", "agent"]
+    """`user`: typed by a person; `agent`: applied by a tool call."""
 
 
 ServerEvent = Annotated[

@@ -8,6 +8,7 @@ and that nobody was told an exception's text.
 import asyncio
 import contextlib
 import random
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -37,6 +38,10 @@ async def send_deep(client: Client, message: dict[str, Any], depth: int) -> None
     """Send `message` with every `DEEP` placeholder replaced by a `depth`-deep value."""
     text = orjson.dumps(message).decode().replace(f'"{DEEP}"', nested_json(depth))
     await client.ws.send(text)
+
+
+def finished_event(run_id: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda e: e.get("type") == "run.finished" and e.get("run_id") == run_id
 
 
 def answer_to(tag: str) -> Any:
@@ -268,9 +273,7 @@ async def test_a_run_started_the_moment_the_last_one_finished_is_accepted(backen
         bob, _ = await stack.enter_async_context(joined(server, sub="bob", client_id="bob-tab"))
         for round_ in range(10):
             ack = await start(alice, script({"say": "quick"}), run_id=f"first-{round_}")
-            await bob.recv_until(lambda e, run_id=ack["run_id"]: e.get("type") == "run.finished"
-                                 and e.get("run_id") == run_id)
+            await bob.recv_until(finished_event(ack["run_id"]))
             second = await start(bob, script({"say": "right after"}), run_id=f"second-{round_}")
             assert second["status"] == "running"
-            await alice.recv_until(lambda e, run_id=second["run_id"]: e.get("type") ==
-                                   "run.finished" and e.get("run_id") == run_id)
+            await alice.recv_until(finished_event(second["run_id"]))

@@ -1,0 +1,275 @@
+/**
+ * Type declarations of static/client.js, the dependency-free cowrite client.
+ *
+ * Hand-written: keep them in step with client.js. The message and event types
+ * come from protocol.d.ts, which is GENERATED from protocol/schema.json
+ * (`make docs`); everything in it is re-exported here, so one import is enough:
+ *
+ *   import { CowriteClient, type ServerEvent } from "@cowrite/client";
+ *
+ * Guide: docs/client.md. Wire reference: docs/protocol.md.
+ */
+import type {
+  AckEvent,
+  ClientMessage,
+  ErrorEvent,
+  ResumePoint,
+  RunContext,
+  RunOptions,
+  ServerEvent,
+  ToolCallEvent,
+  ToolResultMessage,
+  ToolSpec,
+  WelcomeEvent,
+} from "./protocol.js";
+
+export * from "./protocol.js";
+
+/** Every `type` a server event can have. */
+export type ServerEventType = ServerEvent["type"];
+
+/** The event type whose `type` is `T`, e.g. `EventOfType<"tool.call">`. */
+export type EventOfType<T extends ServerEventType> = Extract<ServerEvent, { type: T }>;
+
+/** Events written to the document log: they carry `seq` and `ts` and are replayed on resume. */
+export type DurableEvent = Extract<ServerEvent, { seq: number }>;
+
+/** Close codes of docs/protocol.md ("Close codes"), plus the browser's 1006 and 1012/1013. */
+export declare const CLOSE: {
+  readonly NORMAL: 1000;
+  readonly GOING_AWAY: 1001;
+  readonly ABNORMAL: 1006;
+  readonly TOO_BIG: 1009;
+  readonly INTERNAL: 1011;
+  readonly RESTART: 1012;
+  readonly TRY_AGAIN: 1013;
+  readonly UNAUTHENTICATED: 4001;
+  readonly FORBIDDEN: 4003;
+  readonly RATE_LIMITED: 4008;
+  readonly SLOW_CONSUMER: 4009;
+  readonly TOO_MANY_INVALID: 4400;
+};
+
+/** What the client does after a close. */
+export type CloseAction = "retry" | "reauth" | "stop";
+
+/**
+ * "retry" (backoff, then resume), "reauth" (new token, then retry) or "stop"
+ * (1000, 1009, 4003, 4400: fix the client, or the user may not open the document).
+ */
+export declare function closeAction(code: number): CloseAction;
+
+/**
+ * The refused-upgrade rule: true when the client should stop rather than retry
+ * after this close. A browser reports an upgrade the server refused (HTTP 404
+ * or 403) as close 1006 before the socket opened, like an unreachable server;
+ * until the client was welcomed once, `limit` such closes in a row stop it.
+ * `unopened`: closes 1006 in a row, this one included, whose socket never opened.
+ */
+export declare function upgradeRefused(state: {
+  code: number;
+  opened: boolean;
+  unopened: number;
+  welcomed: boolean;
+  limit: number;
+}): boolean;
+
+export interface BackoffOptions {
+  /** First retry's ceiling in ms (default 250); doubles per attempt. */
+  baseMs?: number;
+  /** Largest ceiling in ms (default 10000). */
+  maxMs?: number;
+  /** Source of jitter in [0, 1) (default Math.random). */
+  random?: () => number;
+}
+
+/** Exponential backoff with full jitter: a delay in [0, min(maxMs, baseMs * 2^attempt)]. */
+export declare function backoffDelay(attempt: number, options?: BackoffOptions): number;
+
+/** Where the client stands in the document log, and whether an event is new. */
+export declare class SeqTracker {
+  /** `welcome.epoch`, or null before the first welcome. */
+  epoch: string | null;
+  /** The last `seq` seen. */
+  lastSeq: number;
+  onWelcome(welcome: Pick<WelcomeEvent, "epoch" | "last_seq" | "resumed">): void;
+  /** True when `event` is new (ephemeral events always are); false for a duplicate. */
+  accept(event: { seq?: number }): boolean;
+  /** The `hello.resume` to send, or undefined before the first welcome. */
+  resumePoint(): ResumePoint | undefined;
+}
+
+export type ConnectionState = "idle" | "connecting" | "open" | "reconnecting" | "closed";
+
+/** `detail` of the "state" event. */
+export type StateDetail =
+  | { state: "idle" | "connecting" }
+  | {
+      state: "open";
+      /** The server replays what this client missed. */
+      resumed: boolean;
+      /** Set when a resume was refused: rebuild the UI from `welcome.active_run` and history. */
+      resumeFailed?: "epoch_changed" | "history_truncated";
+    }
+  | {
+      state: "reconnecting";
+      /** Close code that caused the reconnect (absent when `connect()` was called again). */
+      code?: number;
+      reason?: string;
+      /** Milliseconds until the next attempt. */
+      delay?: number;
+      action?: "retry" | "reauth";
+    }
+  | {
+      state: "closed";
+      code?: number;
+      reason?: string;
+      /** The upgrade was refused `attempts` times in a row (see `upgradeRefused`). */
+      refused?: boolean;
+      attempts?: number;
+    };
+
+/**
+ * The call a tool handler receives: the `tool.call` event, or, for a call still
+ * pending after a reconnect, one rebuilt from `welcome.active_run` (then `seq`
+ * is -1 and `ts` is absent).
+ */
+export type ToolInvocation = Omit<ToolCallEvent, "ts"> & { ts?: number };
+
+/**
+ * Runs one client tool call. Its return value (undefined becomes null) is sent
+ * as `tool.result.output`; a throw is sent as `tool.result.error` with the
+ * error's `message` and `code`.
+ */
+export type ToolHandler<Args = Record<string, unknown>> = (
+  args: Args,
+  call: ToolInvocation,
+) => unknown;
+
+/** `detail` of the "tool.executed" event, after a handler ran and its result was sent. */
+export interface ToolExecutedDetail {
+  call: ToolInvocation;
+  result: ToolResultMessage;
+  /** How long the handler took. */
+  ms: number;
+}
+
+/** The DOM events a CowriteClient dispatches, by name. */
+export type CowriteEventMap = {
+  [E in ServerEvent as E["type"]]: CustomEvent<E>;
+} & {
+  /** Every server event, after the one named by its type. */
+  event: CustomEvent<ServerEvent>;
+  state: CustomEvent<StateDetail>;
+  "tool.executed": CustomEvent<ToolExecutedDetail>;
+};
+
+export interface CowriteClientOptions {
+  /** e.g. "wss://cowrite.example.com" (no trailing path). */
+  baseUrl: string;
+  documentId: string;
+  /** Called before every (re)connect; return a fresh JWT. */
+  getToken: () => Promise<string> | string;
+  /** Stable per tab across reconnects (default: random per instance). */
+  clientId?: string;
+  WebSocketImpl?: typeof WebSocket;
+  backoff?: BackoffOptions;
+  /** Refused upgrades in a row before giving up (default 3; 0 retries forever). */
+  refusedLimit?: number;
+  setTimeout?: (callback: () => void, ms: number) => unknown;
+  now?: () => number;
+}
+
+export interface StartRunOptions {
+  prompt: string;
+  mode?: "agent" | "chat";
+  context?: RunContext;
+  options?: RunOptions;
+  /** Default: a random id, so a retry of the same call is not deduplicated; pass one to retry safely. */
+  runId?: string;
+  /** Default: the tools registered with `registerTool`. */
+  tools?: ToolSpec[];
+}
+
+export interface ApproveOptions {
+  /** "run" approves this tool for the rest of the run. */
+  scope?: "call" | "run";
+  /** Approve with these (edited) arguments instead of the model's. */
+  arguments?: Record<string, unknown>;
+}
+
+export interface EditorChangeOptions {
+  /** "user" (default) aborts an active run; "agent" (edits made by tool calls) never does. */
+  origin?: "user" | "agent";
+  documentVersion?: number | string;
+  summary?: string;
+}
+
+/**
+ * How the promises of `send(..., true)` and the run helpers reject: with the
+ * server's `error` event in `event`, or without it when the connection was not
+ * open or closed before the answer.
+ */
+export type CowriteRequestError = Error & { event?: ErrorEvent };
+
+export declare class CowriteClient extends EventTarget {
+  constructor(options: CowriteClientOptions);
+
+  readonly baseUrl: string;
+  readonly documentId: string;
+  readonly clientId: string;
+  /** Current connection state; the "state" event reports every change. */
+  readonly state: ConnectionState;
+  /** The last `welcome`, or null before the first. */
+  readonly welcome: WelcomeEvent | null;
+  readonly seq: SeqTracker;
+
+  /** Declare a client tool and the handler that runs its calls. */
+  registerTool<Args = Record<string, unknown>>(spec: ToolSpec, handler: ToolHandler<Args>): void;
+  /** The registered tools, as sent in `run.start`. */
+  toolSpecs(): ToolSpec[];
+  /** Open the connection (and keep reconnecting until `close()` or a "stop" close code). */
+  connect(): void;
+  /** Close for good: no reconnect. */
+  close(): void;
+
+  /**
+   * Send and resolve with the `ack` (or reject with the `error`) answering it;
+   * an `id` is added when the message has none.
+   */
+  send(message: ClientMessage, expectReply: true): Promise<AckEvent>;
+  /** Send without waiting; dropped silently when the connection is not open. */
+  send(message: ClientMessage, expectReply?: false): undefined;
+  send(message: ClientMessage, expectReply: boolean): Promise<AckEvent> | undefined;
+
+  /** Start a run with this client's tools; resolves with the ack (`{run_id, status}`). */
+  startRun(run: StartRunOptions): Promise<AckEvent>;
+  cancelRun(runId: string, reason?: string): Promise<AckEvent>;
+  approve(runId: string, callId: string, how?: ApproveOptions): Promise<AckEvent>;
+  reject(runId: string, callId: string, reason?: string): Promise<AckEvent>;
+  /** Report an edit (not acknowledged; dropped when the connection is not open). */
+  editorChange(change?: EditorChangeOptions): undefined;
+  /** Replace the connection's token (same user) before it expires. */
+  refreshAuth(token: string): Promise<AckEvent>;
+
+  addEventListener<K extends keyof CowriteEventMap>(
+    type: K,
+    listener: (this: CowriteClient, event: CowriteEventMap[K]) => unknown,
+    options?: boolean | AddEventListenerOptions,
+  ): void;
+  addEventListener(
+    type: string,
+    listener: EventListenerOrEventListenerObject | null,
+    options?: boolean | AddEventListenerOptions,
+  ): void;
+  removeEventListener<K extends keyof CowriteEventMap>(
+    type: K,
+    listener: (this: CowriteClient, event: CowriteEventMap[K]) => unknown,
+    options?: boolean | EventListenerOptions,
+  ): void;
+  removeEventListener(
+    type: string,
+    listener: EventListenerOrEventListenerObject | null,
+    options?: boolean | EventListenerOptions,
+  ): void;
+}
