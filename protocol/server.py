@@ -101,6 +101,8 @@ class Welcome(WireModel):
     """The document's active run, if any."""
     limits: Limits
     """This server's limits."""
+    features: list[str] = Field(default_factory=list)
+    """The protocol 1.1 additions this server supports (PROTOCOL.md, 1.1 header)."""
 
 
 class Ack(WireModel):

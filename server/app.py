@@ -61,6 +61,10 @@ def make_backend(settings: Settings) -> Backend:
                          max_documents=settings.memory_max_documents)
 
 
+# The protocol 1.1 additions this server supports (welcome.features).
+FEATURES = ("json_depth",)
+
+
 def build_services(settings: Settings) -> Services:
     backend = make_backend(settings)
     limits = Limits(
@@ -79,7 +83,7 @@ def build_services(settings: Settings) -> Services:
         def runs(session: DocumentSession) -> RunCoordinator:
             return RunCoordinator(document_id, session, session, env,
                                   on_idle=lambda: hub.release(session))
-        return DocumentSession(document_id, backend, limits, runs)
+        return DocumentSession(document_id, backend, limits, runs, FEATURES)
 
     if isinstance(backend, MemoryBackend):
         metrics.watch_memory_documents(lambda: backend.document_count)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from protocol.codes import CloseCode
 from server.auth import call_token_user
 from server.backends.base import BackendUnavailable, LoggedEvent
 
@@ -171,7 +172,8 @@ class Outbound:
             largest = max(_size(item) for item in self._queue)
             over = self._queued_bytes - largest > self._max_bytes
         if over:
-            self.close(CloseRequest(4009, "slow consumer: resume to catch up"), drop_pending=True)
+            self.close(CloseRequest(CloseCode.SLOW_CONSUMER, "slow consumer: resume to catch up"),
+                       drop_pending=True)
 
     def close(self, request: CloseRequest, *, drop_pending: bool = False) -> None:
         """Send what is queued (unless `drop_pending`), then close.
@@ -238,7 +240,8 @@ class Outbound:
 
     def _lost_track(self) -> CloseRequest:
         """The log no longer holds events this connection missed: make it resume."""
-        self.close_request = CloseRequest(1011, "missed events are no longer in the log; resume")
+        self.close_request = CloseRequest(CloseCode.INTERNAL_ERROR,
+                                          "missed events are no longer in the log; resume")
         return self.close_request
 
     async def _fill(self, after: int, until: int) -> list[LoggedEvent] | None:

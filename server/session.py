@@ -58,10 +58,12 @@ class DocumentSession:
         backend: Backend,
         limits: Limits,
         make_runs: Callable[["DocumentSession"], RunHandler],
+        features: Sequence[str] = (),
     ) -> None:
         self.document_id = document_id
         self.backend = backend
         self.limits = limits
+        self.features = list(features)
         self.connections: dict[str, Connection] = {}
         self._subscribed = False
         self._pending: _PendingDelta | None = None
@@ -130,6 +132,7 @@ class DocumentSession:
             replayed=len(replay),
             active_run=await self.runs.snapshot(conn.user_id),
             limits=self.limits,
+            features=self.features,
         )
         conn.outbound.begin(_Frame("welcome", welcome.to_json().decode()), start_seq, replay)
         self.runs.presence_changed()

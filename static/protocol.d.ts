@@ -407,6 +407,10 @@ export interface WelcomeEvent {
   replayed: number;
   active_run?: RunSnapshot;
   limits: Limits;
+  /**
+   * The protocol 1.1 additions this server supports (PROTOCOL.md, 1.1 header).
+   */
+  features: string[];
 }
 /**
  * The document's active run, if any.

@@ -88,7 +88,8 @@ async def end_own_run(client: Client, run_id: str | None) -> None:
 
 @pytest.mark.parametrize("depth", DEPTHS)
 @pytest.mark.parametrize("where", ["extra", "selection", "parameters", "options"])
-async def test_deep_run_start_fields(server: Server, where: str, depth: int) -> None:
+async def test_deep_run_start_fields_are_refused_at_the_edge(server: Server, where: str,
+                                                             depth: int) -> None:
     deep = DEEP
     fields: dict[str, Any] = {}
     tools: list[dict[str, Any]] | None = None
@@ -102,14 +103,10 @@ async def test_deep_run_start_fields(server: Server, where: str, depth: int) -> 
         await send_deep(alice, {"type": "run.start", "id": "deep",
                                 "prompt": script({"say": "hi"}), "tools": tools or [],
                                 **fields}, depth)
-        answer_ = await alice.recv_until(answer_to("deep"))
-        run_id = answer_.get("run_id") if answer_["type"] == "ack" else None
-        if answer_["type"] == "error":
-            assert answer_["code"] == "invalid_message", answer_
-        else:
-            finished = await alice.recv_until("run.finished")
-            assert finished["status"] == "completed"
-        await end_own_run(alice, run_id)
+        refused = await alice.recv_until(answer_to("deep"))
+        assert refused["type"] == "error" and refused["code"] == "invalid_message", refused
+        assert "deeper than 64 levels" in refused["message"]  # PROTOCOL.md section 10
+        assert not [e for e in alice.events if e.get("type") == "run.started"]
         no_internal_errors(alice)
     await another_user_completes_a_run(server)
 
@@ -124,10 +121,9 @@ async def test_deep_tool_result_output_is_refused_and_the_call_stays_open(
                                 "call_id": tool_call["call_id"], "token": tool_call["token"],
                                 "output": DEEP}, depth)
         reply = await alice.recv_until(answer_to("deep"))
-        if reply["type"] == "error":  # refused: nothing lost, the call still waits
-            assert reply["code"] == "invalid_message", reply
-            await answer(alice, tool_call, {"text": "fine"}, id="fine")
-            assert (await alice.recv_until(lambda e: e.get("reply_to") == "fine"))["type"] == "ack"
+        assert reply["type"] == "error" and reply["code"] == "invalid_message", reply
+        await answer(alice, tool_call, {"text": "fine"}, id="fine")  # nothing lost: it waits
+        assert (await alice.recv_until(lambda e: e.get("reply_to") == "fine"))["type"] == "ack"
         finished = await alice.recv_until("run.finished")
         assert finished["status"] == "completed"
         dones = of_run(alice.events, ack["run_id"], "tool.done")
