@@ -18,6 +18,10 @@ TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 
 MessageId = Annotated[str, StringConstraints(max_length=64)]
 Identifier = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+THREAD_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
+ThreadId = Annotated[str, StringConstraints(pattern=THREAD_ID_PATTERN)]
+WorkflowName = Annotated[str, StringConstraints(pattern=THREAD_ID_PATTERN)]
+DEFAULT_THREAD = "main"
 ToolName = Annotated[str, StringConstraints(pattern=TOOL_NAME_PATTERN)]
 JsonObject = dict[str, Any]
 

@@ -13,13 +13,16 @@ import orjson
 from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
 from protocol.base import (
+    DEFAULT_THREAD,
     DOCUMENT_ID_PATTERN,
     Identifier,
     JsonObject,
     MessageId,
     NonNegativeInt,
+    ThreadId,
     ToolName,
     WireModel,
+    WorkflowName,
 )
 from protocol.codes import ErrorCode
 from protocol.jsonlimits import ORJSON_MAX_DEPTH, has_out_of_range_int, nesting_over
@@ -113,6 +116,11 @@ class RunStart(ClientMessageBase):
     """Client tools (at most 128) this client executes for the run."""
     options: RunOptions | None = None
     """Per-run limits and model."""
+    thread_id: ThreadId = DEFAULT_THREAD
+    """The conversation thread: the model sees that thread's history only (1.1)."""
+    workflow: WorkflowName | None = None
+    """An operator-defined workflow (`GET /v1/workflows`): its prompt, tool allowlist,
+    approvals and limits apply to the run (1.1)."""
 
     @model_validator(mode="after")
     def _unique_tool_names(self) -> "RunStart":

@@ -170,6 +170,8 @@ class RunStarted(DurableEvent):
     """The run's executor: the tab that runs its client tools."""
     prompt: str
     """The user's request."""
+    thread_id: str = "main"
+    """The conversation thread the run belongs to (1.1)."""
 
 
 class MessageDelta(DurableEvent):

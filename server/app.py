@@ -3,6 +3,7 @@
 import asyncio
 import hmac
 import ipaddress
+import re
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,15 +20,16 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
+from protocol.base import DEFAULT_THREAD, THREAD_ID_PATTERN
 from protocol.schema import build_schema
 from protocol.server import Limits
 from server.agent.coordinator import RunCoordinator
 from server.agent.environment import RunEnvironment
 from server.agent.factory import make_llm
+from server.agent.history import thread_of, threads
 from server.agent.machine import RunMachine
 from server.agent.remote import RunRouter
 from server.agent.steps import MachineConfig
-from server.agent.tools import BUILTIN_SERVER_TOOLS
 from server.auth import Authenticator, AuthError, Principal
 from server.backends.base import Backend
 from server.backends.memory import MemoryBackend
@@ -42,6 +44,7 @@ from server.tools.catalog import ToolCatalog
 from server.tools.factory import build_catalog
 from server.transport import TransportHandle
 
+THREAD_ID_RE = re.compile(THREAD_ID_PATTERN)
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
 
@@ -62,10 +65,10 @@ def make_backend(settings: Settings) -> Backend:
 
 
 # The protocol 1.1 additions this server supports (welcome.features).
-FEATURES = ("json_depth",)
+FEATURES = ("json_depth", "server_tools", "mcp", "workflows", "threads")
 
 
-def build_services(settings: Settings) -> Services:
+def build_services(settings: Settings, tools: ToolCatalog | None = None) -> Services:
     backend = make_backend(settings)
     limits = Limits(
         max_message_bytes=settings.max_message_bytes,
@@ -91,7 +94,7 @@ def build_services(settings: Settings) -> Services:
     router = RunRouter(backend, hub, machine, metrics, instance_id, settings.run_lease_s)
     env = RunEnvironment(settings=settings, registry=backend, cluster=router,
                          llm=make_llm(settings), machine=machine, metrics=metrics,
-                         instance_id=instance_id, server_tools=BUILTIN_SERVER_TOOLS)
+                         instance_id=instance_id, tools=tools)
     return Services(settings=settings, backend=backend, auth=auth, metrics=metrics, hub=hub,
                     runs=env, router=router, instance_id=instance_id)
 
@@ -111,8 +114,8 @@ def _json(data: Any, status_code: int = 200) -> Response:
 def create_app(settings: Settings | None = None) -> Starlette:
     settings = settings or Settings()
     configure_logging(settings.json_logs, settings.log_level)
-    services = build_services(settings)
     tools: ToolCatalog = build_catalog(settings)  # ConfigError: refuse to start
+    services = build_services(settings, tools)
     schema = orjson.dumps(build_schema())
 
     async def healthz(_: Request) -> Response:
@@ -152,7 +155,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
         except AuthError as exc:
             return _json({"error": str(exc)}, 401)
 
-    async def history(request: Request) -> Response:
+    async def document_history(request: Request) -> list[dict[str, Any]] | Response:
+        """The document's history for a caller allowed to read it, else the refusal."""
         document_id = request.path_params["document_id"]
         if not DOCUMENT_ID_RE.fullmatch(document_id):
             return _json({"error": "unknown document"}, 404)
@@ -161,8 +165,25 @@ def create_app(settings: Settings | None = None) -> Starlette:
             return principal
         if not principal.may_open(document_id):
             return _json({"error": "this token does not grant the document"}, 403)
-        messages = await services.backend.read_history(document_id)
-        return _json({"document_id": document_id, "messages": messages})
+        return await services.backend.read_history(document_id)
+
+    async def history(request: Request) -> Response:
+        entries = await document_history(request)
+        if isinstance(entries, Response):
+            return entries
+        thread = request.query_params.get("thread", DEFAULT_THREAD)
+        if not THREAD_ID_RE.fullmatch(thread):
+            return _json({"error": "thread must match [A-Za-z0-9._:-]{1,64}"}, 400)
+        messages = [entry for entry in entries if thread_of(entry) == thread]
+        return _json({"document_id": request.path_params["document_id"], "thread_id": thread,
+                      "messages": messages})
+
+    async def list_threads(request: Request) -> Response:
+        entries = await document_history(request)
+        if isinstance(entries, Response):
+            return entries
+        return _json({"document_id": request.path_params["document_id"],
+                      "threads": threads(entries)})
 
     async def list_tools(request: Request) -> Response:
         denied = bearer(request)
@@ -226,6 +247,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/metrics", metrics if metrics_server is None else not_here),
         Route("/v1/protocol/schema", protocol_schema),
         Route("/v1/documents/{document_id:path}/history", history),
+        Route("/v1/documents/{document_id:path}/threads", list_threads),
         Route("/v1/tools", list_tools),
         Route("/v1/workflows", list_workflows),
         Route("/v1/dev/token", dev_token, methods=["POST"]),

@@ -16,6 +16,9 @@ from protocol.base import WireModel
 from protocol.client import ClientMessage
 from protocol.server import DurableServerEvent, FinishedStatus, RunSnapshot
 from server.connection import Peer
+from server.tools.catalog import ServerToolSpec, ToolInvocation
+from server.tools.config import Workflow
+from server.tools.context import ToolContext
 
 
 class EventLog(Protocol):
@@ -64,6 +67,19 @@ class ClusterLink(Protocol):
     async def forward(self, owner: str, peer: Peer, message: WireModel) -> None: ...
 
     def post(self, instance_id: str, message: dict[str, Any]) -> None: ...
+
+
+class ServerTools(Protocol):
+    """The operator's tools (built-in, Python, MCP): `server.tools.catalog.ToolCatalog`."""
+
+    def specs(self) -> list[ServerToolSpec]: ...
+
+    def check(self, name: str, arguments: dict[str, Any]) -> dict[str, Any] | str: ...
+
+    async def invoke(self, name: str, arguments: dict[str, Any], ctx: ToolContext
+                     ) -> ToolInvocation: ...
+
+    def workflow(self, name: str) -> Workflow | None: ...
 
 
 class LocalPresence(Protocol):

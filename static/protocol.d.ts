@@ -130,6 +130,15 @@ export interface RunStartMessage {
    * Per-run limits and model.
    */
   options?: RunOptions | null;
+  /**
+   * The conversation thread: the model sees that thread's history only (1.1).
+   */
+  thread_id?: string;
+  /**
+   * An operator-defined workflow (`GET /v1/workflows`): its prompt, tool allowlist,
+   * approvals and limits apply to the run (1.1).
+   */
+  workflow?: string | null;
 }
 /**
  * What the model is told about the editor besides the prompt.
@@ -601,6 +610,10 @@ export interface RunStartedEvent {
    * The user's request.
    */
   prompt: string;
+  /**
+   * The conversation thread the run belongs to (1.1).
+   */
+  thread_id: string;
 }
 /**
  * A piece of the assistant's text; append it to the message.

@@ -22,10 +22,9 @@ from typing import Any
 from protocol.client import Approval, ClientMessage, RunCancel, RunStart, ToolResult
 from protocol.codes import ErrorCode
 from protocol.server import FinishedStatus, RunSnapshot
-from server.agent import json_format
+from server.agent.admission import first_state, refusal, toolbox_for
 from server.agent.driver import RunDriver
 from server.agent.environment import RunEnvironment
-from server.agent.history import model_messages
 from server.agent.run_state import TERMINAL, RunState, ToolOutcome
 from server.agent.steps import (
     ApprovalAnswer,
@@ -36,7 +35,6 @@ from server.agent.steps import (
     Input,
     Reply,
 )
-from server.agent.tools import ToolBox, check_tool_schemas
 from server.agent.work import now_ms
 from server.backends.base import BackendUnavailable
 from server.connection import Peer
@@ -170,7 +168,7 @@ class RunCoordinator:
             if status is not None:
                 peer.ack(message.id, run_id=message.run_id, status=status, duplicate=True)
                 return
-        problem = self._invalid(message)
+        problem = refusal(message, self.env)
         if problem is not None:
             peer.error(ErrorCode.INVALID_MESSAGE, problem[1], reply_to=message.id,
                        details=[{"loc": problem[0], "msg": problem[1]}])
@@ -213,16 +211,6 @@ class RunCoordinator:
             return
         await self._launch(state, peer, message)
 
-    def _invalid(self, message: RunStart) -> tuple[list[str | int], str] | None:
-        """Where and why a run.start is refused before anything is claimed."""
-        problem = check_tool_schemas(message.tools)
-        if problem is not None:
-            return ["tools"], problem
-        model = message.options.model if message.options else None
-        if model is not None and model not in self.env.allowed_models:
-            return ["options", "model"], f"model {model[:64]!r} is not allowed on this server"
-        return None
-
     async def _known_status(self, run_id: str) -> str | None:
         if self.active is not None and self.active.run_id == run_id:
             return self.active.state.status
@@ -232,35 +220,10 @@ class RunCoordinator:
         return None if record is None else str(record.get("status"))
 
     async def _new_state(self, peer: Peer, message: RunStart) -> RunState:
-        settings = self.env.settings
-        options = message.options
-        max_steps = settings.max_steps
-        if options is not None and options.max_steps is not None:
-            max_steps = min(max_steps, options.max_steps)
-        run_id = message.run_id or f"run_{uuid.uuid4().hex[:16]}"
         earlier = await self.env.registry.read_history(self.document_id)
-        json_tools = settings.tool_format == "json" and message.mode == "agent"
-        messages = model_messages(settings.system_prompt, earlier, run_id, message.prompt,
-                                  message.context)
-        state = RunState(
-            run_id=run_id, document_id=self.document_id, mode=message.mode,
-            user_id=peer.user_id, client_id=peer.client_id, prompt=message.prompt,
-            model=(options.model if options and options.model else settings.model),
-            max_steps=max_steps, json_tools=json_tools, context=message.context,
-            client_tools=tuple(message.tools) if message.mode == "agent" else (),
-            messages=tuple(messages),
-            executor_present=self.local.has_client(peer.user_id, peer.client_id))
-        if json_tools:
-            system = dict(state.messages[0])
-            system["content"] = str(system["content"]) + json_format.instructions(
-                self._toolbox(state).openai_tools())
-            state = replace(state, messages=(system, *state.messages[1:]))
-        return state
-
-    def _toolbox(self, state: RunState) -> ToolBox:
-        agent = state.mode == "agent"
-        return ToolBox(list(state.client_tools) if agent else [],
-                       tuple(self.env.server_tools) if agent else ())
+        state = first_state(message, self.env, peer.user_id, peer.client_id, earlier,
+                            self.local.has_client(peer.user_id, peer.client_id))
+        return replace(state, document_id=self.document_id)
 
     async def _claim(self, state: RunState, peer: Peer) -> dict[str, Any] | None:
         """Hold the document for `state`; the holder's record if someone else does."""
@@ -299,7 +262,7 @@ class RunCoordinator:
 
     async def _launch(self, state: RunState, peer: Peer, message: RunStart) -> None:
         registry = self.env.registry
-        driver = RunDriver(state, self.env, self.log, self._toolbox(state), self._finished)
+        driver = RunDriver(state, self.env, self.log, toolbox_for(state, self.env), self._finished)
         self.active = driver
         accepted = False
         try:

@@ -278,7 +278,8 @@ class RunDriver:
             partial = "".join(self._parts)
             self._parts = []
             if partial:
-                await self._remember([history.assistant_entry(state.run_id, partial, True)])
+                await self._remember([history.assistant_entry(state.run_id, partial, True,
+                                                              state.thread_id)])
         elif isinstance(effect, CallModel):
             self._model_task = self._spawn(self._model_call(state))
         elif isinstance(effect, RunServerTool):
@@ -402,8 +403,8 @@ class RunDriver:
         self.feed(await model_turn(state, self.env.llm, self.log, self.toolbox, self._parts))
 
     async def _server_tool(self, effect: RunServerTool) -> None:
-        self.feed(await server_tool(self.state, self.toolbox, effect,
-                                    self.env.settings.server_tool_timeout_s))
+        assert self.env.tools is not None  # a server call implies a catalog
+        self.feed(await server_tool(self.state, self.env.tools, effect))
 
 
 class _PublishFailed(Exception):

@@ -5,14 +5,12 @@ coordinator, so the run engine depends on these Protocols and values rather
 than on the app's other modules.
 """
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from server.agent.llm import LLM
 from server.agent.machine import RunMachine
-from server.agent.tools import ServerTool
 from server.observability import Metrics
-from server.ports import ClusterLink, RunRegistry
+from server.ports import ClusterLink, RunRegistry, ServerTools
 from server.settings import Settings
 
 
@@ -25,7 +23,7 @@ class RunEnvironment:
     machine: RunMachine
     metrics: Metrics
     instance_id: str
-    server_tools: Sequence[ServerTool] = ()
+    tools: ServerTools | None = None
 
     @property
     def allowed_models(self) -> frozenset[str]:

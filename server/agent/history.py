@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from protocol.base import DEFAULT_THREAD
 from protocol.client import RunContext
 
 HISTORY_TURNS_FOR_MODEL = 40
@@ -36,16 +37,22 @@ def user_content(prompt: str, context: RunContext | None) -> str:
     return "".join(parts)
 
 
+def thread_of(entry: dict[str, Any]) -> str:
+    """Entries written before threads existed belong to the default thread."""
+    return str(entry.get("thread_id") or DEFAULT_THREAD)
+
+
 def model_messages(
     system_prompt: str, history: list[dict[str, Any]], run_id: str, prompt: str,
-    context: RunContext | None,
+    context: RunContext | None, thread_id: str = DEFAULT_THREAD,
 ) -> list[dict[str, Any]]:
-    """The first request of a run: system, earlier turns, this prompt with its context."""
+    """The first request of a run: system, earlier turns of its thread, this prompt
+    with its context."""
     earlier = [
         {"role": entry["role"], "content": str(entry["content"])}
         for entry in history
         if entry.get("role") in ("user", "assistant") and entry.get("run_id") != run_id
-        and entry.get("content")
+        and entry.get("content") and thread_of(entry) == thread_id
     ][-HISTORY_TURNS_FOR_MODEL:]
     return [
         {"role": "system", "content": system_prompt},
@@ -54,17 +61,35 @@ def model_messages(
     ]
 
 
-def prompt_entry(run_id: str, prompt: str) -> dict[str, Any]:
-    return {"role": "user", "content": prompt, "run_id": run_id}
+def threads(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`GET /v1/documents/{id}/threads`: each thread, its number of runs, its last activity."""
+    found: dict[str, dict[str, Any]] = {}
+    for entry in history:
+        thread = found.setdefault(thread_of(entry), {"thread_id": thread_of(entry), "runs": 0,
+                                                     "last_ts": None})
+        if entry.get("role") == "user":
+            thread["runs"] += 1
+        if isinstance(entry.get("ts"), int):
+            thread["last_ts"] = max(thread["last_ts"] or 0, entry["ts"])
+    return sorted(found.values(), key=lambda t: -(t["last_ts"] or 0))
 
 
-def assistant_entry(run_id: str, text: str, interrupted: bool = False) -> dict[str, Any]:
-    entry: dict[str, Any] = {"role": "assistant", "content": text, "run_id": run_id}
+def prompt_entry(run_id: str, prompt: str, thread_id: str = DEFAULT_THREAD, ts: int = 0
+                 ) -> dict[str, Any]:
+    return {"role": "user", "content": prompt, "run_id": run_id, "thread_id": thread_id,
+            "ts": ts}
+
+
+def assistant_entry(run_id: str, text: str, interrupted: bool = False,
+                    thread_id: str = DEFAULT_THREAD) -> dict[str, Any]:
+    entry: dict[str, Any] = {"role": "assistant", "content": text, "run_id": run_id,
+                             "thread_id": thread_id}
     if interrupted:
         entry["interrupted"] = True
     return entry
 
 
-def tool_entry(run_id: str, call_id: str, name: str, content: str) -> dict[str, Any]:
+def tool_entry(run_id: str, call_id: str, name: str, content: str,
+               thread_id: str = DEFAULT_THREAD) -> dict[str, Any]:
     return {"role": "tool", "content": content, "run_id": run_id, "tool_call_id": call_id,
-            "name": name}
+            "name": name, "thread_id": thread_id}

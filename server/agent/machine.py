@@ -111,9 +111,11 @@ class RunMachine:
         if state.phase != "new":
             return state
         out.publish(RunStarted(run_id=state.run_id, mode=state.mode, user_id=state.user_id,
-                               client_id=state.client_id, prompt=state.prompt))
+                               client_id=state.client_id, prompt=state.prompt,
+                               thread_id=state.thread_id))
         out.do(Reply(Ack(reply_to=event.reply_to, run_id=state.run_id, status="running")),
-               Remember((history.prompt_entry(state.run_id, state.prompt),)),
+               Remember((history.prompt_entry(state.run_id, state.prompt, state.thread_id,
+                                              event.at_ms),)),
                ArmTimer("run", self.config.run_timeout_s))
         return self._call_model(state, out)
 
@@ -133,7 +135,8 @@ class RunMachine:
                                          delta=event.text))
             out.publish(MessageDone(run_id=state.run_id, message_id=state.message_id,
                                     text=event.text))
-            out.do(Remember((history.assistant_entry(state.run_id, event.text),)))
+            out.do(Remember((history.assistant_entry(state.run_id, event.text,
+                                                     thread_id=state.thread_id),)))
         if state.mode == "chat" or not event.calls:
             return self._finish(state, out, Ending("completed"))
         if state.step >= state.max_steps:
@@ -237,7 +240,8 @@ class RunMachine:
         message: dict[str, Any] = (
             {"role": "user", "content": f"Result of tool {name}: {content}"} if state.json_tools
             else {"role": "tool", "tool_call_id": call_id, "content": content})
-        out.do(Remember((history.tool_entry(state.run_id, call_id, name, content),)))
+        out.do(Remember((history.tool_entry(state.run_id, call_id, name, content,
+                                              state.thread_id),)))
         return replace(state, messages=(*state.messages, message), tool_results=(
             *state.tool_results, {"name": name, "status": outcome.status,
                                   "output": outcome.output}))

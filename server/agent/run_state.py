@@ -100,6 +100,10 @@ class RunState:
     json_tools: bool = False  # COWRITE_TOOL_FORMAT=json: answers are parsed, not streamed
     context: RunContext | None = None
     client_tools: tuple[ToolSpec, ...] = ()
+    thread_id: str = "main"
+    workflow: str | None = None
+    tool_allowlist: frozenset[str] | None = None  # a workflow's: applies to every kind of tool
+    approval_tools: frozenset[str] = frozenset()  # a workflow's: these need approval
     phase: Phase = "new"
     status: RunStatus = "running"
     step: int = 0

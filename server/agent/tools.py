@@ -1,68 +1,21 @@
-"""Tools a run offers the model: the client's declared tools and server tools.
+"""The tools one run offers the model: the client's declared tools and server tools.
 
-Every call the model makes is checked here before anything is dispatched:
-unknown tools and arguments that fail the tool's JSON Schema become tool
-errors for the model, never a `tool.call` to a client.
+Server tools (built-in, Python, MCP) come from the operator's tool catalog
+(`server/tools/`); a workflow may narrow every kind to an allowlist and add
+approvals. Every call the model makes is checked here before anything is
+dispatched: unknown tools and arguments that fail the tool's JSON Schema
+become tool errors for the model, never a `tool.call` to a client.
 """
 
-import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import jsonschema
 import orjson
-from pydantic import BaseModel, Field, ValidationError
 
 from protocol.client import ToolSpec
-
-
-@dataclass(frozen=True)
-class ServerTool:
-    """A tool the server runs itself, its arguments described by a pydantic model."""
-
-    name: str
-    description: str
-    arguments: type[BaseModel]
-    run: Callable[[BaseModel], Awaitable[Any]]
-    requires_approval: bool = False
-
-    @property
-    def parameters(self) -> dict[str, Any]:
-        return self.arguments.model_json_schema()
-
-
-class TextStatsArguments(BaseModel):
-    text: str = Field(description="The text to measure.")
-
-
-_SENTENCE_END = re.compile(r"[.!?]+(?:\s|$)")
-
-
-async def _text_stats(arguments: BaseModel) -> dict[str, Any]:
-    assert isinstance(arguments, TextStatsArguments)
-    text = arguments.text
-    words = len(text.split())
-    return {
-        "characters": len(text),
-        "words": words,
-        "sentences": len(_SENTENCE_END.findall(text)) or (1 if text.strip() else 0),
-        "lines": text.count("\n") + 1 if text else 0,
-        "paragraphs": len([p for p in re.split(r"\n\s*\n", text) if p.strip()]),
-        "reading_time_s": round(words / 238 * 60),
-    }
-
-
-TEXT_STATS = ServerTool(
-    name="text_stats",
-    description=(
-        "Count characters, words, sentences, lines and paragraphs of a text and estimate its "
-        "reading time. Use it instead of counting yourself, e.g. to meet a length limit."
-    ),
-    arguments=TextStatsArguments,
-    run=_text_stats,
-)
-BUILTIN_SERVER_TOOLS: tuple[ServerTool, ...] = (TEXT_STATS,)
+from server.ports import ServerTools
 
 
 def check_tool_schemas(tools: list[ToolSpec]) -> str | None:
@@ -88,13 +41,23 @@ class CheckedCall:
 
 
 class ToolBox:
-    """The tools of one run. Client tools shadow server tools of the same name."""
+    """The tools of one run: client tools, then the server tools not shadowed by them,
+    both narrowed to `allow` (a workflow's allowlist) when given."""
 
-    def __init__(self, client_tools: list[ToolSpec], server_tools: tuple[ServerTool, ...]) -> None:
-        self.client = {tool.name: tool for tool in client_tools}
-        self.server = {t.name: t for t in server_tools if t.name not in self.client}
+    def __init__(self, client_tools: Iterable[ToolSpec], server: ServerTools | None,
+                 allow: frozenset[str] | None = None,
+                 approval: frozenset[str] = frozenset()) -> None:
+        def allowed(name: str) -> bool:
+            return allow is None or name in allow
+
+        self.client = {tool.name: tool for tool in client_tools if allowed(tool.name)}
+        self._catalog = server
+        self.server = {spec.name: spec for spec in (server.specs() if server else [])
+                       if spec.name not in self.client and allowed(spec.name)}
+        self._approval = approval
         self._validators = {
-            tool.name: jsonschema.Draft202012Validator(tool.parameters) for tool in client_tools
+            name: jsonschema.Draft202012Validator(tool.parameters)
+            for name, tool in self.client.items()
         }
 
     def openai_tools(self) -> list[dict[str, Any]]:
@@ -124,6 +87,7 @@ class ToolBox:
             orjson.dumps(arguments)
         except (TypeError, ValueError):
             return f"arguments of {name} are nested too deeply"
+        extra_approval = name in self._approval
         if name in self.client:
             try:
                 errors = sorted(self._validators[name].iter_errors(arguments),
@@ -133,16 +97,11 @@ class ToolBox:
             if errors:
                 where = "/".join(str(p) for p in errors[0].absolute_path) or "(arguments)"
                 return f"invalid arguments for {name} at {where}: {errors[0].message}"
-            return CheckedCall(name, arguments, "client", self.client[name].requires_approval)
-        tool = self.server[name]
-        try:
-            tool.arguments.model_validate(arguments)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = "/".join(str(p) for p in first["loc"]) or "(arguments)"
-            return f"invalid arguments for {name} at {where}: {first['msg']}"
-        return CheckedCall(name, arguments, "server", tool.requires_approval)
-
-    async def run_server_tool(self, name: str, arguments: dict[str, Any]) -> Any:
-        tool = self.server[name]
-        return await tool.run(tool.arguments.model_validate(arguments))
+            return CheckedCall(name, arguments, "client",
+                               self.client[name].requires_approval or extra_approval)
+        assert self._catalog is not None
+        checked = self._catalog.check(name, arguments)
+        if isinstance(checked, str):
+            return checked
+        return CheckedCall(name, checked, "server",
+                           self.server[name].requires_approval or extra_approval)

@@ -8,7 +8,6 @@ with "tool failed (ref ...)" instead of exception text. Neither decides
 anything about the run.
 """
 
-import asyncio
 import logging
 import time
 import uuid
@@ -30,9 +29,11 @@ from server.agent.steps import (
     ServerToolFinished,
 )
 from server.agent.tools import ToolBox
-from server.ports import EventLog
+from server.ports import EventLog, ServerTools
+from server.tools.context import ToolContext
 
 logger = logging.getLogger("cowrite.agent")
+tool_logger = logging.getLogger("cowrite.tools")
 
 
 def now_ms() -> int:
@@ -103,19 +104,21 @@ def check_call(toolbox: ToolBox, call: ToolCallRequest) -> ModelCall:
                      checked.executor, checked.requires_approval)
 
 
-async def server_tool(state: RunState, toolbox: ToolBox, effect: RunServerTool,
-                      timeout_s: float) -> ServerToolFinished:
-    try:
-        async with asyncio.timeout(timeout_s):
-            output = await toolbox.run_server_tool(effect.name, effect.arguments)
-        orjson.dumps(output)  # an output the log cannot hold is a failure of the tool
-        outcome = ToolOutcome("ok", output=output)
-    except TimeoutError:
-        outcome = ToolOutcome("error", error={
-            "message": f"{effect.name} took longer than {timeout_s:g} s",
-            "code": "server_tool_timeout"})
-    except Exception:
-        ref = new_ref()
-        logger.exception("server tool %s failed (ref %s)", effect.name, ref, extra=_extra(state))
-        outcome = ToolOutcome("error", error={"message": f"tool failed (ref {ref})"})
+async def server_tool(state: RunState, tools: ServerTools, effect: RunServerTool
+                      ) -> ServerToolFinished:
+    """One server tool call through the catalog (which bounds it by the tool's timeout
+    and hides failures behind a ref); cancelling this task cancels the tool."""
+    context = ToolContext(state.run_id, state.document_id, state.user_id,
+                          logging.LoggerAdapter(tool_logger, _extra(state)))
+    result = await tools.invoke(effect.name, effect.arguments, context)
+    outcome = ToolOutcome(result.status, output=result.output, error=result.error)
+    if result.status == "ok":
+        try:
+            orjson.dumps(result.output)  # an output the log cannot hold is the tool's failure
+        except (TypeError, ValueError):
+            ref = new_ref()
+            logger.error("server tool %s returned an output that cannot be encoded (ref %s)",
+                         effect.name, ref, extra=_extra(state))
+            outcome = ToolOutcome("error", error={"message": f"tool failed (ref {ref})",
+                                                  "code": "internal"})
     return ServerToolFinished(effect.call_id, outcome)
