@@ -3,7 +3,7 @@ over real sockets: the operator's TOML file, a real MCP server, the OpenAI path.
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,10 @@ def config_file(tmp_path: Path, text: str) -> Path:
 async def fake() -> AsyncIterator[FakeOpenAI]:
     async with running_fake_openai() as fake_server:
         yield fake_server
+
+
+def event_of(run_id: str, kind: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda e: e.get("run_id") == run_id and e.get("type") == kind
 
 
 def done_of(events: list[dict[str, Any]], run_id: str) -> dict[str, dict[str, Any]]:
@@ -211,11 +215,9 @@ async def test_threads_keep_separate_histories(fake: FakeOpenAI) -> None:
             joined(srv) as (alice, _):
         for thread, prompt in (("a", "alpha"), ("b", "beta"), ("a", "again")):
             ack = await start(alice, prompt, thread_id=thread)
-            started = await alice.recv_until(lambda e, r=ack["run_id"]: e.get("run_id") == r
-                                             and e.get("type") == "run.started")
+            started = await alice.recv_until(event_of(ack["run_id"], "run.started"))
             assert started["thread_id"] == thread
-            await alice.recv_until(lambda e, r=ack["run_id"]: e.get("run_id") == r
-                                   and e.get("type") == "run.finished")
+            await alice.recv_until(event_of(ack["run_id"], "run.finished"))
         await alice.send({"type": "run.start", "id": "bad", "prompt": "p",
                           "thread_id": "no spaces"})
         assert (await alice.recv_until(lambda e: e.get("reply_to") == "bad"))["code"] == \
