@@ -5,12 +5,9 @@ raw frame -> one of these models, or a `ParseFailure` saying which error to
 answer with. Plain dicts never travel further inward.
 """
 
-import contextlib
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-import orjson
-from pydantic import Field, TypeAdapter, ValidationError, model_validator
+from pydantic import Field, TypeAdapter, model_validator
 
 from protocol.base import (
     DEFAULT_THREAD,
@@ -24,8 +21,6 @@ from protocol.base import (
     WireModel,
     WorkflowName,
 )
-from protocol.codes import ErrorCode
-from protocol.jsonlimits import ORJSON_MAX_DEPTH, has_out_of_range_int, nesting_over
 
 
 class ClientMessageBase(WireModel):
@@ -80,6 +75,38 @@ class DocumentContext(WireModel):
     """E.g. `markdown`, `html`, `plain`; free text for the model."""
 
 
+class ScopeRange(WireModel):
+    """A part of the document, `[from, to)` in the editor's own offsets (1.1)."""
+
+    from_: NonNegativeInt = Field(alias="from")
+    """Start offset."""
+    to: NonNegativeInt
+    """End offset (exclusive); at least `from`."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "ScopeRange":
+        if self.to < self.from_:
+            raise ValueError("`to` must be at least `from`")
+        return self
+
+
+class TextChange(WireModel):
+    """One edit: `[from, to)` of the document before it was replaced by `insert` units (1.1)."""
+
+    from_: NonNegativeInt = Field(alias="from")
+    """Start of the replaced range."""
+    to: NonNegativeInt
+    """End of the replaced range (exclusive); `to == from` for a pure insertion."""
+    insert: NonNegativeInt
+    """How many units of new content replaced it (0 for a pure deletion)."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "TextChange":
+        if self.to < self.from_:
+            raise ValueError("`to` must be at least `from`")
+        return self
+
+
 class RunContext(WireModel):
     """What the model is told about the editor besides the prompt."""
 
@@ -89,6 +116,8 @@ class RunContext(WireModel):
     """The user's selection, in whatever shape the editor uses."""
     extra: JsonObject | None = None
     """Anything else the model should see."""
+    scope: list[ScopeRange] | None = Field(default=None, max_length=256)
+    """The parts of the document the run works on (1.1, `on_edit: overlap`); absent: all."""
 
 
 class RunOptions(WireModel):
@@ -98,6 +127,11 @@ class RunOptions(WireModel):
     """Model calls allowed in this run; can only lower the server's limit."""
     model: str | None = None
     """Model name for this run (default: the server's)."""
+    on_edit: Literal["abort", "overlap", "continue"] = "abort"
+    """What a user's edit does to the run (1.1): abort it, abort it only when it
+    overlaps `context.scope`, or never."""
+    if_busy: Literal["reject", "enqueue", "interrupt"] = "reject"
+    """When another client's run is active (1.1): refuse, wait in line, or end it."""
 
 
 class RunStart(ClientMessageBase):
@@ -210,6 +244,9 @@ class EditorChange(ClientMessageBase):
     """`user` aborts the active run; `agent` (edits made by tool calls) never does."""
     summary: str | None = None
     """What changed, in a few words."""
+    changes: list[TextChange] | None = Field(default=None, max_length=1024)
+    """The edits, in order, each in the coordinates left by the previous one (1.1).
+    Without them a user edit is taken to touch the whole document."""
 
 
 class Ping(ClientMessageBase):
@@ -232,110 +269,8 @@ CLIENT_MESSAGE_TYPES = frozenset(
 VIEWER_ALLOWED_TYPES = frozenset({"hello", "ping", "auth.refresh"})
 
 
-@dataclass(frozen=True, slots=True)
-class ParseFailure:
-    """Why a frame could not become a message, and what to answer."""
-
-    code: ErrorCode
-    message: str
-    reply_to: str | None = None
-    details: list[dict[str, Any]] | None = None
-
-
-def peek_reply_to(data: object) -> str | None:
-    """The frame's `id`, when it can be read, for `reply_to` in errors."""
-    if isinstance(data, dict):
-        message_id = data.get("id")
-        if isinstance(message_id, str) and len(message_id) <= 64:
-            return message_id
-    return None
-
-
-DEFAULT_MAX_JSON_DEPTH = 64
-
-
-def decode_frame(
-    text: str | bytes, max_depth: int = DEFAULT_MAX_JSON_DEPTH
-) -> dict[str, Any] | ParseFailure:
-    """JSON text -> object, or the `invalid_message` failure.
-
-    Refused here, before anything else sees the frame (section 10): nesting
-    deeper than `max_depth` levels of objects and arrays (0: only orjson's
-    own limit of 1024) and integers outside the signed 64-bit range, which
-    the decoder would otherwise turn into floats and the encoder refuse.
-    """
-    if nesting_over(text, max_depth):
-        reply_to = None
-        with contextlib.suppress(orjson.JSONDecodeError):
-            reply_to = peek_reply_to(orjson.loads(text))
-        return ParseFailure(
-            ErrorCode.INVALID_MESSAGE,
-            f"frame nests objects and arrays deeper than {max_depth} levels", reply_to,
-            [{"loc": [], "msg": f"nesting deeper than {max_depth} levels",
-              "max_depth": max_depth}],
-        )
-    try:
-        data = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        if "depth" in exc.msg:
-            return ParseFailure(
-                ErrorCode.INVALID_MESSAGE,
-                f"frame nests objects and arrays deeper than {ORJSON_MAX_DEPTH} levels", None,
-                [{"loc": [], "msg": f"nesting deeper than {ORJSON_MAX_DEPTH} levels",
-                  "max_depth": ORJSON_MAX_DEPTH}],
-            )
-        return ParseFailure(ErrorCode.INVALID_MESSAGE, f"frame is not valid JSON: {exc.msg}")
-    if not isinstance(data, dict):
-        return ParseFailure(ErrorCode.INVALID_MESSAGE, "frame must be a JSON object")
-    if has_out_of_range_int(text):
-        return ParseFailure(
-            ErrorCode.INVALID_MESSAGE, "frame holds an integer outside the signed 64-bit range",
-            peek_reply_to(data),
-            [{"loc": [], "msg": "integers must be between -2**63 and 2**63-1"}],
-        )
-    return data
-
-
-def validate_message(data: dict[str, Any]) -> ClientMessage | ParseFailure:
-    """A decoded object -> typed message, or the failure to answer with."""
-    reply_to = peek_reply_to(data)
-    message_type = data.get("type")
-    if not isinstance(message_type, str):
-        return ParseFailure(
-            ErrorCode.INVALID_MESSAGE, "frame has no string 'type'", reply_to,
-            [{"loc": ["type"], "msg": "required string"}],
-        )
-    if message_type not in CLIENT_MESSAGE_TYPES:
-        return ParseFailure(
-            ErrorCode.UNKNOWN_TYPE, f"unknown message type {message_type[:64]!r}", reply_to
-        )
-    try:
-        return CLIENT_MESSAGE_ADAPTER.validate_python(data)
-    except ValidationError as exc:
-        details = [
-            {"loc": list(err["loc"])[1:], "msg": err["msg"]} for err in exc.errors()[:10]
-        ]
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in d['loc']) or '(message)'}: {d['msg']}"
-            for d in details[:3]
-        )
-        return ParseFailure(
-            ErrorCode.INVALID_MESSAGE, f"invalid {message_type}: {problems}", reply_to, details
-        )
-
-
-def parse_client_message(
-    text: str | bytes, max_depth: int = DEFAULT_MAX_JSON_DEPTH
-) -> ClientMessage | ParseFailure:
-    decoded = decode_frame(text, max_depth)
-    if isinstance(decoded, ParseFailure):
-        return decoded
-    return validate_message(decoded)
-
-
 __all__ = [
     "CLIENT_MESSAGE_ADAPTER",
-    "DEFAULT_MAX_JSON_DEPTH",
     "DOCUMENT_ID_PATTERN",
     "VIEWER_ALLOWED_TYPES",
     "Approval",
@@ -344,7 +279,6 @@ __all__ = [
     "DocumentContext",
     "EditorChange",
     "Hello",
-    "ParseFailure",
     "Ping",
     "ResumePoint",
     "RunCancel",
@@ -354,7 +288,4 @@ __all__ = [
     "ToolError",
     "ToolResult",
     "ToolSpec",
-    "decode_frame",
-    "parse_client_message",
-    "validate_message",
 ]

@@ -14,7 +14,7 @@ from protocol.base import JsonObject, NonNegativeInt, WireModel
 from protocol.codes import ErrorCode
 
 RunStatus = Literal[
-    "running", "waiting_tool", "waiting_approval",
+    "queued", "running", "waiting_tool", "waiting_approval",
     "completed", "cancelled", "aborted", "failed", "timed_out",
 ]
 FinishedStatus = Literal["completed", "cancelled", "aborted", "failed", "timed_out"]
@@ -101,6 +101,8 @@ class Welcome(WireModel):
     """The document's active run, if any."""
     limits: Limits
     """This server's limits."""
+    queued_runs: list[RunSnapshot] = Field(default_factory=list)
+    """Runs waiting for the active one, next first (1.1, `if_busy: enqueue`)."""
     features: list[str] = Field(default_factory=list)
     """The protocol 1.1 additions this server supports (PROTOCOL.md, 1.1 header)."""
 
@@ -218,6 +220,9 @@ class ToolCall(DurableEvent):
     """Client tools: single-use token to copy into `tool.result`."""
     expires_at: int | None = None
     """Client tools: deadline for the result, ms since the Unix epoch."""
+    document_version: int | str | None = None
+    """The latest document version the server knew when it sent the call (1.1); a client
+    may refuse a call computed on an older document with error code `stale`."""
 
 
 class ApprovalRequested(DurableEvent):
@@ -309,13 +314,53 @@ class DocumentChanged(DurableEvent):
     """`user`: typed by a person; `agent`: applied by a tool call."""
 
 
+class ScopeSpan(WireModel):
+    """A range of the document, `[from, to)`."""
+
+    from_: int = Field(alias="from")
+    """Start offset."""
+    to: int
+    """End offset (exclusive)."""
+
+
+class RunScopeChanged(DurableEvent):
+    """An edit outside the run's scope moved it (1.1, `on_edit: overlap`)."""
+
+    type: Literal["run.scope"] = "run.scope"
+    run_id: str
+    """The run."""
+    scope: list[ScopeSpan]
+    """The scope after the edit."""
+    document_version: int | str | None = None
+    """The version the edit produced."""
+    user_id: str
+    """Who edited."""
+
+
+class RunQueued(DurableEvent):
+    """A `run.start` with `if_busy: enqueue` waits for the active run (1.1)."""
+
+    type: Literal["run.queued"] = "run.queued"
+    run_id: str
+    """The queued run's id."""
+    user_id: str
+    """Who asked for it."""
+    client_id: str
+    """Its executor."""
+    prompt: str
+    """The user's request."""
+    position: int
+    """1 = next to start."""
+
+
 ServerEvent = Annotated[
     Welcome | Ack | Error | Pong | RunStarted | MessageDelta | MessageDone | ToolCall
-    | ApprovalRequested | ApprovalResolved | ToolDone | RunFinished | DocumentChanged,
+    | ApprovalRequested | ApprovalResolved | ToolDone | RunFinished | DocumentChanged
+    | RunScopeChanged | RunQueued,
     Field(discriminator="type"),
 ]
 SERVER_EVENT_ADAPTER: TypeAdapter[ServerEvent] = TypeAdapter(ServerEvent)
 DurableServerEvent = (
     RunStarted | MessageDelta | MessageDone | ToolCall | ApprovalRequested | ApprovalResolved
-    | ToolDone | RunFinished | DocumentChanged
+    | ToolDone | RunFinished | DocumentChanged | RunScopeChanged | RunQueued
 )

@@ -65,7 +65,7 @@ def make_backend(settings: Settings) -> Backend:
 
 
 # The protocol 1.1 additions this server supports (welcome.features).
-FEATURES = ("json_depth", "server_tools", "mcp", "workflows", "threads")
+FEATURES = ("json_depth", "edit_scope", "server_tools", "mcp", "workflows", "threads")
 
 
 def build_services(settings: Settings, tools: ToolCatalog | None = None) -> Services:

@@ -33,18 +33,9 @@ from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from protocol.base import DOCUMENT_ID_PATTERN, SUBPROTOCOL
-from protocol.client import (
-    VIEWER_ALLOWED_TYPES,
-    AuthRefresh,
-    ClientMessage,
-    Hello,
-    ParseFailure,
-    Ping,
-    decode_frame,
-    peek_reply_to,
-    validate_message,
-)
+from protocol.client import VIEWER_ALLOWED_TYPES, AuthRefresh, ClientMessage, Hello, Ping
 from protocol.codes import CloseCode, ErrorCode
+from protocol.parsing import ParseFailure, decode_frame, peek_reply_to, validate_message
 from protocol.server import Error, Pong
 from server.auth import AuthError, Principal
 from server.backends.base import BackendUnavailable

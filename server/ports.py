@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from protocol.base import WireModel
-from protocol.client import ClientMessage
+from protocol.client import ClientMessage, EditorChange
 from protocol.server import DurableServerEvent, FinishedStatus, RunSnapshot
 from server.connection import Peer
 from server.tools.catalog import ServerToolSpec, ToolInvocation
@@ -97,7 +97,7 @@ class RunHandler(Protocol):
     async def handle(self, peer: Peer, message: ClientMessage, forwarded: bool = False
                      ) -> None: ...
 
-    async def on_user_edit(self, peer: Peer, message: ClientMessage) -> None: ...
+    async def on_edit(self, peer: Peer, message: EditorChange) -> None: ...
 
     async def snapshot(self, for_user: str | None = None) -> RunSnapshot | None: ...
 

@@ -146,8 +146,7 @@ class DocumentSession:
             await self.runs.handle(conn, message)
 
     async def editor_changed(self, conn: Connection, message: EditorChange) -> None:
-        if message.origin == "user":
-            await self.runs.on_user_edit(conn, message)
+        await self.runs.on_edit(conn, message)
         await self.publish(
             DocumentChanged(
                 document_version=message.document_version,

@@ -37,7 +37,9 @@ export type ServerEvent =
   | ApprovalResolvedEvent
   | ToolDoneEvent
   | RunFinishedEvent
-  | DocumentChangedEvent;
+  | DocumentChangedEvent
+  | RunScopeChangedEvent
+  | RunQueuedEvent;
 /**
  * One of the error codes (docs/protocol.md, Errors).
  */
@@ -160,6 +162,10 @@ export interface RunContext {
   extra?: {
     [k: string]: unknown;
   } | null;
+  /**
+   * The parts of the document the run works on (1.1, `on_edit: overlap`); absent: all.
+   */
+  scope?: ScopeRange[] | null;
 }
 /**
  * The document as the client sees it when the run starts.
@@ -177,6 +183,19 @@ export interface DocumentContext {
    * E.g. `markdown`, `html`, `plain`; free text for the model.
    */
   format?: string | null;
+}
+/**
+ * A part of the document, `[from, to)` in the editor's own offsets (1.1).
+ */
+export interface ScopeRange {
+  /**
+   * Start offset.
+   */
+  from: number;
+  /**
+   * End offset (exclusive); at least `from`.
+   */
+  to: number;
 }
 /**
  * A tool the client offers the model; the client that starts the run executes it.
@@ -213,6 +232,15 @@ export interface RunOptions {
    * Model name for this run (default: the server's).
    */
   model?: string | null;
+  /**
+   * What a user's edit does to the run (1.1): abort it, abort it only when it
+   * overlaps `context.scope`, or never.
+   */
+  on_edit?: "abort" | "overlap" | "continue";
+  /**
+   * When another client's run is active (1.1): refuse, wait in line, or end it.
+   */
+  if_busy?: "reject" | "enqueue" | "interrupt";
 }
 /**
  * The outcome of a client tool call: exactly one of `output` or `error`.
@@ -350,6 +378,28 @@ export interface EditorChangeMessage {
    * What changed, in a few words.
    */
   summary?: string | null;
+  /**
+   * The edits, in order, each in the coordinates left by the previous one (1.1).
+   * Without them a user edit is taken to touch the whole document.
+   */
+  changes?: TextChange[] | null;
+}
+/**
+ * One edit: `[from, to)` of the document before it was replaced by `insert` units (1.1).
+ */
+export interface TextChange {
+  /**
+   * Start of the replaced range.
+   */
+  from: number;
+  /**
+   * End of the replaced range (exclusive); `to == from` for a pure insertion.
+   */
+  to: number;
+  /**
+   * How many units of new content replaced it (0 for a pure deletion).
+   */
+  insert: number;
 }
 /**
  * Application-level ping; the server answers `pong` with the same `ts`.
@@ -417,6 +467,10 @@ export interface WelcomeEvent {
   active_run?: RunSnapshot;
   limits: Limits;
   /**
+   * Runs waiting for the active one, next first (1.1, `if_busy: enqueue`).
+   */
+  queued_runs: RunSnapshot1[];
+  /**
    * The protocol 1.1 additions this server supports (PROTOCOL.md, 1.1 header).
    */
   features: string[];
@@ -433,6 +487,7 @@ export interface RunSnapshot {
    * `running`, `waiting_tool` or `waiting_approval` while active.
    */
   status:
+    | "queued"
     | "running"
     | "waiting_tool"
     | "waiting_approval"
@@ -513,6 +568,48 @@ export interface Limits {
    * Model calls per run.
    */
   max_steps: number;
+}
+/**
+ * The state of the document's active run, to rebuild the UI after a reconnect.
+ */
+export interface RunSnapshot1 {
+  /**
+   * The run's id.
+   */
+  run_id: string;
+  /**
+   * `running`, `waiting_tool` or `waiting_approval` while active.
+   */
+  status:
+    | "queued"
+    | "running"
+    | "waiting_tool"
+    | "waiting_approval"
+    | "completed"
+    | "cancelled"
+    | "aborted"
+    | "failed"
+    | "timed_out";
+  /**
+   * As in `run.start`.
+   */
+  mode: "agent" | "chat";
+  /**
+   * Who started the run (only this user may approve or cancel).
+   */
+  user_id: string;
+  /**
+   * The run's executor: the tab that runs its client tools.
+   */
+  client_id: string;
+  /**
+   * Model calls made so far.
+   */
+  step: number;
+  /**
+   * Tool calls and approvals the run is waiting for.
+   */
+  pending: PendingItem[];
 }
 /**
  * A message with an `id` was accepted (sent only to its sender).
@@ -714,6 +811,11 @@ export interface ToolCallEvent {
    * Client tools: deadline for the result, ms since the Unix epoch.
    */
   expires_at?: number;
+  /**
+   * The latest document version the server knew when it sent the call (1.1); a client
+   * may refuse a call computed on an older document with error code `stale`.
+   */
+  document_version?: number | string;
 }
 /**
  * A call of a `requires_approval` tool waits for the run's user.
@@ -902,4 +1004,81 @@ export interface DocumentChangedEvent {
    * `user`: typed by a person; `agent`: applied by a tool call.
    */
   origin: "user" | "agent";
+}
+/**
+ * An edit outside the run's scope moved it (1.1, `on_edit: overlap`).
+ */
+export interface RunScopeChangedEvent {
+  /**
+   * Position in the document log: per document, from 1, no gaps.
+   */
+  seq: number;
+  /**
+   * Server time, ms since the Unix epoch.
+   */
+  ts: number;
+  type: "run.scope";
+  /**
+   * The run.
+   */
+  run_id: string;
+  /**
+   * The scope after the edit.
+   */
+  scope: ScopeSpan[];
+  /**
+   * The version the edit produced.
+   */
+  document_version?: number | string;
+  /**
+   * Who edited.
+   */
+  user_id: string;
+}
+/**
+ * A range of the document, `[from, to)`.
+ */
+export interface ScopeSpan {
+  /**
+   * Start offset.
+   */
+  from: number;
+  /**
+   * End offset (exclusive).
+   */
+  to: number;
+}
+/**
+ * A `run.start` with `if_busy: enqueue` waits for the active run (1.1).
+ */
+export interface RunQueuedEvent {
+  /**
+   * Position in the document log: per document, from 1, no gaps.
+   */
+  seq: number;
+  /**
+   * Server time, ms since the Unix epoch.
+   */
+  ts: number;
+  type: "run.queued";
+  /**
+   * The queued run's id.
+   */
+  run_id: string;
+  /**
+   * Who asked for it.
+   */
+  user_id: string;
+  /**
+   * Its executor.
+   */
+  client_id: string;
+  /**
+   * The user's request.
+   */
+  prompt: string;
+  /**
+   * 1 = next to start.
+   */
+  position: number;
 }

@@ -6,8 +6,9 @@ import time
 
 import pytest
 
-from protocol.client import Hello, ParseFailure, RunStart, ToolResult, parse_client_message
+from protocol.client import Hello, RunStart, ToolResult
 from protocol.codes import CloseCode, ErrorCode
+from protocol.parsing import ParseFailure, parse_client_message
 from protocol.server import RunFinished
 from server.auth import Authenticator, CallGrant
 from server.backends.memory import MemoryBackend

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from protocol.client import CLIENT_MESSAGE_TYPES, ParseFailure, validate_message
+from protocol.client import CLIENT_MESSAGE_TYPES
 from protocol.codes import CloseCode, ErrorCode
+from protocol.parsing import ParseFailure, validate_message
 from protocol.reference import anchor, problems, render_blocks, render_type, shapes, splice
 from protocol.schema import build_schema
 from protocol.server import SERVER_EVENT_ADAPTER

@@ -10,9 +10,9 @@ import jwt
 import orjson
 import pytest
 
-from protocol.client import ParseFailure, decode_frame
 from protocol.codes import ErrorCode
 from protocol.jsonlimits import has_out_of_range_int, nesting_over
+from protocol.parsing import ParseFailure, decode_frame
 from server.auth import Authenticator, AuthError, CallGrant, call_token_user
 from server.backends.base import BackendUnavailable, LoggedEvent, UnloggableEvent
 from server.backends.memory import MemoryBackend

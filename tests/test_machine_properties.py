@@ -94,6 +94,10 @@ class RunLifecycle(RuleBasedStateMachine):
         decision: Decision = MACHINE.decide(self.state, event)
         publishes = [e for e in decision.effects if isinstance(e, Publish)]
         assert len(publishes) <= 1, "a decision logs one group"
+        if publishes:  # nothing is confirmed before the events that make it true
+            before = decision.effects[:decision.effects.index(publishes[0])]
+            assert not any(isinstance(e, Reply) and isinstance(e.message, Ack)
+                           for e in before), "an ack before its events"
         if fail and publishes and not decision.state.finished:
             if not decision.refusable:  # the driver ends the run from the state it had
                 self.apply(Crashed("ref"))

@@ -70,7 +70,12 @@ def first_state(message: RunStart, env: RunEnvironment, user_id: str, client_id:
         approval_tools=frozenset(workflow.approval) if workflow else frozenset(),
         messages=tuple(model_messages(system_prompt, earlier, run_id, message.prompt,
                                       message.context, message.thread_id)),
-        executor_present=executor_present)
+        executor_present=executor_present,
+        on_edit=options.on_edit if options is not None else "abort",
+        scope=None if message.context is None or message.context.scope is None else tuple(
+            sorted((r.from_, r.to) for r in message.context.scope)),
+        document_version=message.context.document.version
+        if message.context is not None and message.context.document is not None else None)
     if json_tools:
         system = dict(state.messages[0])
         system["content"] = str(system["content"]) + json_format.instructions(

@@ -19,7 +19,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from protocol.client import Approval, ClientMessage, RunCancel, RunStart, ToolResult
+from protocol.client import (
+    Approval,
+    ClientMessage,
+    EditorChange,
+    RunCancel,
+    RunStart,
+    ToolResult,
+)
 from protocol.codes import ErrorCode
 from protocol.server import FinishedStatus, RunSnapshot
 from server.agent.admission import first_state, refusal, toolbox_for
@@ -30,6 +37,7 @@ from server.agent.steps import (
     ApprovalAnswer,
     Cancel,
     ClientToolResult,
+    DocumentEdited,
     End,
     ExecutorPresence,
     Input,
@@ -83,17 +91,26 @@ class RunCoordinator:
             state = driver.state
             driver.feed(ExecutorPresence(self.local.has_client(state.user_id, state.client_id)))
 
-    async def on_user_edit(self, peer: Peer, message: ClientMessage) -> None:
+    async def on_edit(self, peer: Peer, message: EditorChange) -> None:
+        """An `editor.change`: the run decides (section 11); a user's edit of a run owned
+        by another instance goes to its owner."""
         driver = self.active
         if driver is not None and not driver.state.finished:
             started = time.perf_counter()
-            if await driver.submit(End("aborted", "document_changed")):
+            changes = None if message.changes is None else tuple(
+                (c.from_, c.to, c.insert) for c in message.changes)
+            edited = DocumentEdited(peer.user_id, message.origin, message.document_version,
+                                    message.summary, changes)
+            if await driver.submit(edited) and driver.state.finished:
                 self.env.metrics.abort_latency.observe(time.perf_counter() - started)
+            return
+        if message.origin != "user":
             return
         record = await self._remote_record()
         if record is not None:
             self.env.cluster.post(record["owner"], {
-                "kind": "abort", "document_id": self.document_id, "run_id": record["run_id"]})
+                "kind": "edit", "document_id": self.document_id, "run_id": record["run_id"],
+                "user_id": peer.user_id, "message": message.to_wire()})
 
     async def abort(self, run_id: str, status: FinishedStatus, reason: str) -> None:
         """End the local run `run_id` (asked by another instance)."""

@@ -29,6 +29,7 @@ from protocol.codes import ErrorCode
 from protocol.server import Error
 from server.agent import history
 from server.agent.environment import RunEnvironment
+from server.agent.lease import RunLease
 from server.agent.run_state import RunState
 from server.agent.steps import (
     ArmTimer,
@@ -76,6 +77,7 @@ class RunDriver:
         self.env = env
         self.log = log
         self.toolbox = toolbox
+        self.lease = RunLease(env)
         self._on_finished = on_finished
         self._inbox: asyncio.Queue[_Envelope] = asyncio.Queue()
         self._group: asyncio.TaskGroup | None = None
@@ -350,52 +352,16 @@ class RunDriver:
 
     async def _checkpoint(self, state: RunState) -> None:
         """Share the state about to be announced (a survivor then knows every call)."""
-        registry = self.env.registry
-        if not registry.remote:
-            return  # one process: nobody else reads the record
-        try:
-            held = await registry.renew_run(state.document_id,
-                                            state.to_record(self.env.instance_id),
-                                            self.env.settings.run_lease_s)
-        except BackendUnavailable:
-            return  # the renewal loop keeps trying
-        if not held:
+        if not await self.lease.checkpoint(state):
             self.feed(LeaseLost())
 
     async def _release(self, effect: Release) -> None:
-        state, registry = self.state, self.env.registry
-        self.env.metrics.runs.labels(effect.status).inc()
-        record = {"status": state.status, "user_id": state.user_id, "client_id": state.client_id}
-        deadline = time.monotonic() + self.env.settings.run_lease_s / 2
-        while True:
-            try:
-                await registry.put_run_record(state.document_id, state.run_id, record)
-                await registry.release_run(state.document_id, state.run_id)
-                self._released = True
-                return
-            except BackendUnavailable:
-                if time.monotonic() > deadline:
-                    logger.error("could not free the document: backend unavailable",
-                                 extra=self.log_extra)
-                    self._released = True  # the lease lapses; a survivor cleans up
-                    return
-                await asyncio.sleep(0.1)
+        await self.lease.release(self.state)
+        self._released = True
 
     async def _renew(self) -> None:
-        interval = self.env.settings.run_lease_s / 3
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                held = await self.env.registry.renew_run(
-                    self.state.document_id, self.state.to_record(self.env.instance_id),
-                    self.env.settings.run_lease_s)
-            except BackendUnavailable:
-                continue  # keep trying; the lease still runs
-            if not held:
-                logger.warning("run lost its lease; another instance ended it",
-                               extra=self.log_extra)
-                self.feed(LeaseLost())
-                return
+        await self.lease.keep(lambda: self.state)
+        self.feed(LeaseLost())
 
     # -- children: the model and server tools --------------------------------------
     async def _model_call(self, state: RunState) -> None:

@@ -93,3 +93,21 @@ def tool_entry(run_id: str, call_id: str, name: str, content: str,
                thread_id: str = DEFAULT_THREAD) -> dict[str, Any]:
     return {"role": "tool", "content": content, "run_id": run_id, "tool_call_id": call_id,
             "name": name, "thread_id": thread_id}
+
+
+def assistant_turn(json_tools: bool, text: str, raw: str | None,
+                   calls: list[tuple[str, str, str]]) -> dict[str, Any]:
+    """The model's turn as its next request repeats it: with `tool_calls` (native
+    function calling) or as the raw JSON answer it wrote (the JSON tool format)."""
+    if json_tools:
+        return {"role": "assistant", "content": raw or text}
+    return {"role": "assistant", "content": text or None, "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        for call_id, name, arguments in calls]}
+
+
+def tool_message(json_tools: bool, call_id: str, name: str, content: str) -> dict[str, Any]:
+    """A tool's outcome as the model reads it."""
+    if json_tools:
+        return {"role": "user", "content": f"Result of tool {name}: {content}"}
+    return {"role": "tool", "tool_call_id": call_id, "content": content}

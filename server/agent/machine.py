@@ -7,13 +7,11 @@ asyncio, no socket and no backend here; `driver.py` executes the effects.
 The shape follows python-websockets' sans-I/O `protocol.py` (state in,
 events out) and openai-agents' explicit next step after each model turn.
 
-Rules that hold for every transition (tests/test_machine_properties.py
-checks them after every step of random interleavings):
-- a run ends in exactly one place, `_finish`, which logs the one `run.finished`;
-- nothing leaves `finished`: late inputs only get `run_not_active` replies;
-- a run waits on at most one call at a time, and every call it announced ends
-  with one `tool.done` (answered, timed out, or cancelled by the ending);
-- calls run one at a time, in the order the model asked for them.
+Rules that hold for every transition (checked after every step of random
+interleavings by tests/test_machine_properties.py): a run ends in exactly one
+place, `_finish`, which logs the one `run.finished`; nothing leaves
+`finished`; every call announced ends with one `tool.done`; calls run one at
+a time, in the order the model asked for them.
 """
 
 from collections.abc import Callable
@@ -30,12 +28,15 @@ from protocol.server import (
     MessageDone,
     RunError,
     RunFinished,
+    RunScopeChanged,
     RunStarted,
     RunStatus,
+    ScopeSpan,
     ToolCall,
     ToolDone,
 )
-from server.agent import history
+from server.agent import history, json_format
+from server.agent.edits import STALE, changes_note, judge_edit
 from server.agent.run_state import (
     Ending,
     PendingCall,
@@ -54,6 +55,7 @@ from server.agent.steps import (
     Crashed,
     Decision,
     DisarmTimer,
+    DocumentEdited,
     EffectList,
     End,
     ExecutorPresence,
@@ -74,8 +76,6 @@ from server.agent.steps import (
     refuse,
 )
 
-MAX_PARSE_RETRIES = 3
-
 
 class RunMachine:
     def __init__(self, config: MachineConfig) -> None:
@@ -85,14 +85,12 @@ class RunMachine:
             ModelUnparseable: self._unparseable, ClientToolResult: self._client_result,
             ServerToolFinished: self._server_finished, ApprovalAnswer: self._approval,
             Cancel: self._cancel, TimerFired: self._timer, ExecutorPresence: self._presence,
+            DocumentEdited: self._edited,
             ModelFailed: lambda state, event, out: self._finish(
                 state, out, Ending("failed", "upstream_error", event.error)),
             End: lambda state, event, out: self._finish(
                 state, out, Ending(event.status, event.reason)),
-            Crashed: lambda state, event, out: self._finish(
-                state, out, Ending("failed", "internal_error", RunError(
-                    code=ErrorCode.INTERNAL.value,
-                    message=f"internal error (ref {event.ref})"))),
+            Crashed: lambda state, event, out: self._finish(state, out, Ending.crash(event.ref)),
             LeaseLost: self._lease_lost,
         }
 
@@ -100,13 +98,10 @@ class RunMachine:
         if state.finished:
             return self._after_end(state, event)
         out = EffectList()
-        handler = self._handlers[type(event)]
-        state = handler(state, event, out)
-        reply_to = getattr(event, "reply_to", None)
-        return Decision(state, out.effects, reply_to=reply_to,
+        state = self._handlers[type(event)](state, event, out)
+        return Decision(state, out.effects, reply_to=getattr(event, "reply_to", None),
                         refusable=isinstance(event, (Begin, ClientToolResult, ApprovalAnswer)))
 
-    # -- start and model turns ----------------------------------------------------
     def _begin(self, state: RunState, event: Begin, out: EffectList) -> RunState:
         if state.phase != "new":
             return state
@@ -122,6 +117,9 @@ class RunMachine:
     def _call_model(self, state: RunState, out: EffectList) -> RunState:
         step = state.step + 1
         out.do(CallModel())
+        if state.edits:  # tell the model what people changed since its last request
+            note = {"role": "user", "content": changes_note(state.edits)}
+            state = replace(state, messages=(*state.messages, note), edits=())
         return replace(state, phase="model", status="running", step=step,
                        message_id=f"{state.run_id}:m{step}")
 
@@ -144,14 +142,8 @@ class RunMachine:
                 code="max_steps",
                 message=f"the model still asked for tools after {state.max_steps} model calls")))
         calls = unique_call_ids(state.call_ids, event.calls, state.step)
-        if state.json_tools:
-            said: dict[str, Any] = {"role": "assistant",
-                                    "content": event.assistant_content or event.text}
-        else:
-            said = {"role": "assistant", "content": event.text or None, "tool_calls": [
-                {"id": call.call_id, "type": "function",
-                 "function": {"name": call.name, "arguments": call.raw_arguments}}
-                for call in calls]}
+        said = history.assistant_turn(state.json_tools, event.text, event.assistant_content,
+                                      [(c.call_id, c.name, c.raw_arguments) for c in calls])
         state = replace(state, phase="tools", queue=calls, messages=(*state.messages, said),
                         terminate_after_tools=event.terminate,
                         call_ids=state.call_ids | {c.call_id for c in calls})
@@ -162,7 +154,7 @@ class RunMachine:
             return state
         state = replace(state.add_usage(dict(event.usage)),
                         parse_failures=state.parse_failures + 1)
-        if state.parse_failures > MAX_PARSE_RETRIES:
+        if state.parse_failures > json_format.MAX_PARSE_RETRIES:
             return self._finish(state, out, Ending("failed", "invalid_model_output", RunError(
                 code="invalid_model_output",
                 message=f"the model's answer could not be parsed {state.parse_failures} times; "
@@ -205,7 +197,8 @@ class RunMachine:
                                                        0), status="running")
             out.do(Checkpoint())
             out.publish(ToolCall(run_id=state.run_id, call_id=call_id, name=name,
-                                 arguments=arguments, executor="server"))
+                                 arguments=arguments, executor="server",
+                                 document_version=state.document_version))
             out.do(RunServerTool(call_id, name, arguments))
             return state
         expires_at = at_ms + int(self.config.tool_timeout_s * 1000)
@@ -214,8 +207,8 @@ class RunMachine:
         pending = PendingCall(call_id, name, arguments, "tool", "client", expires_at, token)
         return self._open(state, out, pending, ToolCall(
             run_id=state.run_id, call_id=call_id, name=name, arguments=arguments,
-            executor="client", client_id=state.client_id, token=token, expires_at=expires_at),
-            self.config.tool_timeout_s)
+            executor="client", client_id=state.client_id, token=token, expires_at=expires_at,
+            document_version=state.document_version), self.config.tool_timeout_s)
 
     def _open(self, state: RunState, out: EffectList, pending: PendingCall,
               announcement: DurableServerEvent, timeout_s: float) -> RunState:
@@ -237,9 +230,7 @@ class RunMachine:
                 outcome: ToolOutcome) -> RunState:
         """The model will read this outcome; the history keeps it."""
         content = outcome.for_model()
-        message: dict[str, Any] = (
-            {"role": "user", "content": f"Result of tool {name}: {content}"} if state.json_tools
-            else {"role": "tool", "tool_call_id": call_id, "content": content})
+        message = history.tool_message(state.json_tools, call_id, name, content)
         out.do(Remember((history.tool_entry(state.run_id, call_id, name, content,
                                               state.thread_id),)))
         return replace(state, messages=(*state.messages, message), tool_results=(
@@ -266,15 +257,36 @@ class RunMachine:
         if problem is not None:
             out.do(refuse(ErrorCode.INVALID_TOKEN, problem, event.reply_to, state.run_id))
             return state
-        outcome = event.outcome
-        out.publish(ToolDone(run_id=state.run_id, call_id=current.call_id, status=outcome.status,
-                             output=outcome.output, error=outcome.error))
-        state = replace(self._close(state, out, current),
-                        completed_calls=state.completed_calls | {current.call_id})
+        outcome = told = event.outcome
+        if outcome.status == "error" and (outcome.error or {}).get("code") == "stale":
+            told = ToolOutcome("error", error={"code": "stale", "message": STALE})
+        state = replace(state, completed_calls=state.completed_calls | {current.call_id})
+        state = self._settle(state, out, current, outcome, told, event.at_ms)
         out.do(Reply(Ack(reply_to=event.reply_to, run_id=state.run_id, call_id=current.call_id,
-                         status="accepted")), Checkpoint())
-        state = self._record(state, out, current.call_id, current.name, outcome)
-        return self._advance(state, out, event.at_ms)
+                         status="accepted")))  # after the tool.done it confirms
+        return state
+
+    def _settle(self, state: RunState, out: EffectList, current: PendingCall,
+                shown: ToolOutcome, told: ToolOutcome, at_ms: int) -> RunState:
+        # `current` ended with `shown` (its tool.done); the model reads `told`; go on.
+        out.publish(ToolDone(run_id=state.run_id, call_id=current.call_id, status=shown.status,
+                             output=shown.output, error=shown.error))
+        state = self._close(state, out, current)
+        out.do(Checkpoint())
+        return self._advance(self._record(state, out, current.call_id, current.name, told),
+                             out, at_ms)
+
+    def _edited(self, state: RunState, event: DocumentEdited, out: EffectList) -> RunState:
+        verdict = judge_edit(state, event.user_id, event.origin, event.version, event.summary,
+                             event.changes)
+        if verdict.abort:
+            return self._finish(state, out, Ending("aborted", "document_changed"))
+        if verdict.moved is not None:
+            out.publish(RunScopeChanged(
+                run_id=state.run_id, scope=[ScopeSpan(**{"from": a, "to": b})
+                                            for a, b in verdict.moved],
+                document_version=event.version, user_id=event.user_id))
+        return verdict.state
 
     def _server_finished(self, state: RunState, event: ServerToolFinished, out: EffectList
                          ) -> RunState:
@@ -282,13 +294,7 @@ class RunMachine:
         if current is None or current.call_id != event.call_id or current.executor != "server" \
                 or current.kind != "tool":
             return state
-        outcome = event.outcome
-        state = replace(state, current=None, status="running")
-        out.publish(ToolDone(run_id=state.run_id, call_id=current.call_id, status=outcome.status,
-                             output=outcome.output, error=outcome.error))
-        out.do(Checkpoint())
-        state = self._record(state, out, current.call_id, current.name, outcome)
-        return self._advance(state, out, 0)
+        return self._settle(state, out, current, event.outcome, event.outcome, 0)
 
     def _approval(self, state: RunState, event: ApprovalAnswer, out: EffectList) -> RunState:
         if event.user_id != state.user_id:
@@ -320,16 +326,14 @@ class RunMachine:
         error: dict[str, Any] = {"message": "rejected by the user"}
         if event.reason:
             error["reason"] = event.reason
-        out.publish(ToolDone(run_id=state.run_id, call_id=current.call_id, status="rejected",
-                             error=error))
-        out.do(ack, Checkpoint())
-        state = self._record(state, out, current.call_id, current.name,
-                             ToolOutcome("rejected", error=error))
-        return self._advance(state, out, event.at_ms)
+        rejected = ToolOutcome("rejected", error=error)
+        state = self._settle(state, out, current, rejected, rejected, event.at_ms)
+        out.do(ack)
+        return state
 
     # -- endings ------------------------------------------------------------------
     def _lease_lost(self, state: RunState, event: LeaseLost, out: EffectList) -> RunState:
-        """Another instance announced the end: stop without a word."""
+        # Another instance announced the end (server_lost): stop without a word.
         out.do(StopWork(), DisarmTimer("*"))
         return replace(state, phase="finished", status="aborted", current=None, queue=(),
                        ending=Ending("aborted", "server_lost"))
@@ -353,16 +357,12 @@ class RunMachine:
             return state
         if current is None or event.key != current.timer:
             return state  # a timer of a call that already ended
-        if current.kind == "approval":
-            error: dict[str, Any] = {"message": "the approval timed out",
-                                     "code": "approval_timeout"}
-        else:
-            error = {"message": f"no result within {self.config.tool_timeout_s:g} s",
-                     "code": "tool_timeout"}
+        code = "approval_timeout" if current.kind == "approval" else "tool_timeout"
+        message = "the approval timed out" if current.kind == "approval" else \
+            f"no result within {self.config.tool_timeout_s:g} s"
         out.publish(ToolDone(run_id=state.run_id, call_id=current.call_id, status="timeout",
-                             error=error))
-        state = replace(state, current=None)
-        return self._finish(state, out, Ending("timed_out", str(error["code"])))
+                             error={"message": message, "code": code}))
+        return self._finish(replace(state, current=None), out, Ending("timed_out", code))
 
     def _presence(self, state: RunState, event: ExecutorPresence, out: EffectList) -> RunState:
         if event.present == state.executor_present:
@@ -393,9 +393,8 @@ class RunMachine:
 
     def _after_end(self, state: RunState, event: Input) -> Decision:
         """Nothing leaves `finished`; messages about the run learn that it is over."""
-        if isinstance(event, (ClientToolResult, ApprovalAnswer, Cancel)):
-            return Decision(state, (refuse(ErrorCode.RUN_NOT_ACTIVE,
-                                           f"run {state.run_id!r} has finished",
-                                           event.reply_to, state.run_id),),
-                            reply_to=event.reply_to)
-        return Decision(state)
+        if not isinstance(event, (ClientToolResult, ApprovalAnswer, Cancel)):
+            return Decision(state)
+        over = f"run {state.run_id!r} has finished"
+        return Decision(state, (refuse(ErrorCode.RUN_NOT_ACTIVE, over, event.reply_to,
+                                       state.run_id),), reply_to=event.reply_to)

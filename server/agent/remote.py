@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.base import WireModel
-from protocol.client import ParseFailure, validate_message
+from protocol.client import EditorChange
 from protocol.codes import ErrorCode
+from protocol.parsing import ParseFailure, validate_message
 from protocol.server import Ack
 from server.agent.machine import RunMachine
 from server.agent.run_state import orphan_state
@@ -125,8 +126,11 @@ class RunRouter:
                 peer = RemotePeer(self, message["origin"], message["connection"], document_id,
                                   message["client_id"], message["user_id"])
                 await session.runs.handle(peer, parsed, forwarded=True)
-            elif kind == "abort":
-                await session.runs.abort(message["run_id"], "aborted", "document_changed")
+            elif kind == "edit":  # a user's edit made on another instance
+                edit = validate_message(message["message"])
+                if isinstance(edit, EditorChange):
+                    peer = RemotePeer(self, "", "", document_id, "", str(message["user_id"]))
+                    await session.runs.on_edit(peer, edit)
             elif kind == "supersede":
                 await session.runs.abort(message["run_id"], "cancelled", "superseded")
         finally:

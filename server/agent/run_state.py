@@ -21,8 +21,8 @@ from server.auth import CallGrant
 Phase = Literal["new", "model", "tools", "finished"]
 TERMINAL: frozenset[str] = frozenset({"completed", "cancelled", "aborted", "failed", "timed_out"})
 # Status order for the "only moves forward" rule: active statuses are peers, terminal ones last.
-STATUS_RANK = {"running": 0, "waiting_tool": 0, "waiting_approval": 0,
-               **{status: 1 for status in TERMINAL}}
+STATUS_RANK = {"queued": 0, "running": 1, "waiting_tool": 1, "waiting_approval": 1,
+               **{status: 2 for status in TERMINAL}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +86,12 @@ class Ending:
     reason: str | None = None
     error: RunError | None = None
 
+    @classmethod
+    def crash(cls, ref: str) -> "Ending":
+        """A failure the run cannot recover from: the client gets the ref, the log the rest."""
+        return cls("failed", "internal_error",
+                   RunError(code="internal", message=f"internal error (ref {ref})"))
+
 
 @dataclass(frozen=True)
 class RunState:
@@ -104,6 +110,10 @@ class RunState:
     workflow: str | None = None
     tool_allowlist: frozenset[str] | None = None  # a workflow's: applies to every kind of tool
     approval_tools: frozenset[str] = frozenset()  # a workflow's: these need approval
+    on_edit: Literal["abort", "overlap", "continue"] = "abort"
+    scope: tuple[tuple[int, int], ...] | None = None  # None: the whole document
+    document_version: int | str | None = None  # the latest the server knows
+    edits: tuple[dict[str, Any], ...] = ()  # user edits since the model's last request
     phase: Phase = "new"
     status: RunStatus = "running"
     step: int = 0

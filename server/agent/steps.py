@@ -96,6 +96,18 @@ class End:
 
 
 @dataclass(frozen=True, slots=True)
+class DocumentEdited:
+    """An `editor.change`: a user's edit may end the run (section 11); any edit
+    updates the document version the run knows."""
+
+    user_id: str
+    origin: Literal["user", "agent"]
+    version: int | str | None = None
+    summary: str | None = None
+    changes: tuple[tuple[int, int, int], ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class TimerFired:
     key: str  # "run", "grace" or "call:<call_id>"
 
@@ -118,8 +130,8 @@ class Crashed:
 
 
 Input = (Begin | ModelFinished | ModelUnparseable | ModelFailed | ClientToolResult
-         | ServerToolFinished | ApprovalAnswer | Cancel | End | TimerFired | ExecutorPresence
-         | LeaseLost | Crashed)
+         | ServerToolFinished | ApprovalAnswer | Cancel | End | DocumentEdited | TimerFired
+         | ExecutorPresence | LeaseLost | Crashed)
 
 
 # -- effects ----------------------------------------------------------------------

@@ -1,0 +1,68 @@
+"""What a human edit means for a run (PROTOCOL.md section 11), pure.
+
+`on_edit: abort` (the default): any user edit ends the run. `overlap`: only an
+edit that touches the run's scope does; others move the scope (logged as
+`run.scope`). `continue`: none does. In the last two modes the model's next
+request says what changed since its previous one, so it can re-read the
+document before editing it.
+"""
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from server.agent import scope as ranges
+from server.agent.run_state import RunState
+
+STALE = "the document changed since this call was made; read it again before editing"
+Span = tuple[int, int]
+Edit = tuple[int, int, int]  # from, to, insert
+
+
+@dataclass(frozen=True, slots=True)
+class EditVerdict:
+    abort: bool
+    state: RunState
+    moved: tuple[Span, ...] | None = None  # the scope after the edit, when it moved
+
+
+def _apply(scope: tuple[Span, ...], changes: tuple[Edit, ...]) -> tuple[Span, ...] | None:
+    moved = ranges.apply([ranges.Range(a, b) for a, b in scope],
+                         [ranges.Change(f, t, i) for f, t, i in changes])
+    return None if moved is None else tuple((r.from_, r.to) for r in moved)
+
+
+def judge_edit(state: RunState, user_id: str, origin: str, version: Any, summary: str | None,
+               changes: tuple[Edit, ...] | None) -> EditVerdict:
+    """The run's answer to one `editor.change`."""
+    known = version if version is not None else state.document_version
+    if origin == "agent":  # the run's own edits never end it; they may move its scope
+        moved = _apply(state.scope, changes) if changes and state.scope else None
+        return EditVerdict(False, replace(state, document_version=known,
+                                          scope=moved if moved is not None else state.scope))
+    if state.on_edit == "abort":
+        return EditVerdict(True, state)
+    scope, moved = state.scope, None
+    if state.on_edit == "overlap":
+        if changes is None or scope is None:  # no ranges, or the whole document: it overlaps
+            return EditVerdict(True, state)
+        after = _apply(scope, changes)
+        if after is None:
+            return EditVerdict(True, state)
+        scope, moved = after, (after if after != state.scope else None)
+    note = {"user_id": user_id, "document_version": version, "summary": summary,
+            "changes": [list(c) for c in changes] if changes is not None else None}
+    return EditVerdict(False, replace(state, document_version=known, scope=scope,
+                                      edits=(*state.edits, note)), moved)
+
+
+def changes_note(edits: tuple[dict[str, Any], ...]) -> str:
+    """What the model is told before its next request about edits made meanwhile."""
+    lines = ["While you worked, people edited the document:"]
+    for edit in edits:
+        where = ("somewhere (no ranges given)" if edit["changes"] is None else
+                 ", ".join(f"[{f}, {t}) replaced by {i} units" for f, t, i in edit["changes"]))
+        summary = f": {edit['summary']}" if edit.get("summary") else ""
+        lines.append(f"- {edit['user_id']} (document version {edit['document_version']})"
+                     f"{summary}; changed {where}")
+    lines.append("Read the document again before you edit it.")
+    return "\n".join(lines)

@@ -1,0 +1,69 @@
+"""A run's hold on its document in the shared registry: lease, record, release.
+
+The instance that runs a run renews its lease while it lives and shares a
+snapshot of it (pending calls, status) with the other instances, so they can
+answer `welcome.active_run`, forward messages to the owner, and end the run
+if the owner dies. With one process (the memory backend) nobody else reads
+the record, so checkpoints cost nothing there.
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from server.agent.environment import RunEnvironment
+from server.agent.run_state import RunState
+from server.backends.base import BackendUnavailable
+
+logger = logging.getLogger("cowrite.agent")
+RELEASE_RETRY_S = 0.1
+
+
+class RunLease:
+    def __init__(self, env: RunEnvironment) -> None:
+        self.env = env
+
+    @property
+    def shared(self) -> bool:
+        return self.env.registry.remote
+
+    async def checkpoint(self, state: RunState) -> bool:
+        """Share `state`; False only when the lease is known to be lost."""
+        if not self.shared:
+            return True
+        try:
+            return await self.env.registry.renew_run(
+                state.document_id, state.to_record(self.env.instance_id),
+                self.env.settings.run_lease_s)
+        except BackendUnavailable:
+            return True  # the renewal loop keeps trying; the lease still runs
+
+    async def keep(self, current: Callable[[], RunState]) -> None:
+        """Renew every third of the lease until it is lost (then return)."""
+        while True:
+            await asyncio.sleep(self.env.settings.run_lease_s / 3)
+            if not await self.checkpoint(current()):
+                logger.warning("run lost its lease; another instance ended it",
+                               extra={"run_id": current().run_id})
+                return
+
+    async def release(self, state: RunState) -> None:
+        """Write the final record, then free the document, retrying a backend outage for
+        half a lease (after that the lease lapses and a survivor cleans up)."""
+        registry = self.env.registry
+        self.env.metrics.runs.labels(state.status).inc()
+        record = {"status": state.status, "user_id": state.user_id, "client_id": state.client_id}
+        deadline = time.monotonic() + self.env.settings.run_lease_s / 2
+        while True:
+            try:
+                await registry.put_run_record(state.document_id, state.run_id, record)
+                await registry.release_run(state.document_id, state.run_id)
+                return
+            except BackendUnavailable:
+                if time.monotonic() > deadline:
+                    logger.error("could not free the document: backend unavailable",
+                                 extra={"run_id": state.run_id,
+                                        "document_id": state.document_id})
+                    return
+                await asyncio.sleep(RELEASE_RETRY_S)
