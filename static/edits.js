@@ -96,10 +96,12 @@ export function applyChanges(scope, changes) {
 /**
  * Where `range` is after a change that may overlap it: a change inside the range
  * (the agent editing its own scope) grows or shrinks it instead of ending it.
+ * (Not re-exported by client.js; the test page's scope view uses it.)
  * @param {ScopeRange} range
  * @param {EditChange} change
+ * @returns {ScopeRange}
  */
-function absorb(range, change) {
+export function absorb(range, change) {
   if (!changeOverlaps(change, range)) return shiftRange(range, change);
   const delta = change.insert - (change.to - change.from);
   return { from: Math.min(range.from, change.from), to: Math.max(range.to, change.to) + delta };
