@@ -6,6 +6,7 @@ import { CowriteClient } from "/static/client.js";
 import { Editor } from "./editor.js";
 import { Inspector } from "./inspector.js";
 import { documentIdProblem, readSettings, suggestDocumentId } from "./rules.js";
+import { ScopeTracker, scopeSegments, updateQueue } from "./runview.js";
 import { SCENARIOS, availableScenarios, judge } from "./scenarios.js";
 import { Transcript } from "./transcript.js";
 
@@ -87,10 +88,58 @@ function start() {
   const viewer = settings.role === "viewer";
   let activeRun = null; // {run_id, user_id, client_id, status?}
   const transcript = new Transcript(client);
+  const scope = new ScopeTracker();
   const editor = new Editor({
     client, documentId: settings.doc, tab: clientId, keepText: settings.keepText, readOnly: viewer,
     isRunActive: () => Boolean(activeRun),
-    onRemoteText: () => {},
+    onRemoteText: () => renderScope(),
+    onLocalEdit: (version, changes, origin) => { scope.localEdit(version, changes, origin); renderScope(); },
+  });
+
+  // -- the run's scope, highlighted behind the textarea (protocol 1.1, edit_scope) ----------
+  function renderScope() {
+    const ranges = scope.current();
+    const backdrop = $("scope-backdrop");
+    backdrop.replaceChildren(...scopeSegments(editor.text, ranges).map((piece) => piece.mark
+      ? Object.assign(document.createElement("mark"), { textContent: piece.text })
+      : document.createTextNode(piece.text)));
+    backdrop.append("\n"); // a trailing newline in the textarea still gets its line
+    backdrop.scrollTop = $("editor").scrollTop;
+    $("scope-note").hidden = !ranges;
+    $("scope-note").textContent = ranges
+      ? `Highlighted: the scope of run ${scope.runId?.slice(0, 12)}… ` +
+        ranges.map((r) => `[${r.from}, ${r.to})`).join(" ") : "";
+  }
+  $("editor").addEventListener("scroll", () => { $("scope-backdrop").scrollTop = $("editor").scrollTop; });
+  client.addEventListener("run.scope", ({ detail }) => { scope.onScopeEvent(detail); renderScope(); });
+
+  // -- queued runs (protocol 1.1, run_queue) ------------------------------------------------
+  let queue = [];
+  function renderQueue() {
+    $("queue-box").hidden = queue.length === 0;
+    $("queue").replaceChildren(...queue.map((run) => {
+      const item = document.createElement("li");
+      item.dataset.run = run.run_id;
+      const who = run.client_id === clientId ? "this tab" : `${run.user_id} (${run.client_id})`;
+      item.textContent = `${shortPrompt(run.prompt)} — ${who}, run ${run.run_id.slice(0, 12)}…`;
+      if (run.user_id === client.welcome?.user_id) {
+        item.append(Object.assign(document.createElement("button"), {
+          type: "button", className: "secondary", textContent: "Cancel",
+          onclick: () => client.cancelRun(run.run_id, "cancelled while queued")
+            .catch((e) => transcript.notice(e.message, true)),
+        }));
+      }
+      return item;
+    }));
+  }
+  const shortPrompt = (prompt) => {
+    if (typeof prompt !== "string") return "(queued run)";
+    const text = prompt.startsWith("{") ? "scripted run" : prompt;
+    return text.length > 60 ? `${text.slice(0, 60)}…` : text;
+  };
+  client.addEventListener("event", ({ detail }) => {
+    const next = updateQueue(queue, detail);
+    if (next !== queue) { queue = next; renderQueue(); }
   });
   if (viewer) {
     for (const id of ["prompt", "send", "mode"]) $(id).disabled = true;
@@ -114,6 +163,9 @@ function start() {
   client.addEventListener("run.started", ({ detail }) => setRunning(detail));
   client.addEventListener("run.finished", ({ detail }) => {
     if ($("approval").open) $("approval").close();
+    scope.finish(detail.run_id);
+    renderScope();
+    if (activeRun && activeRun.run_id !== detail.run_id) return; // a queued run was cancelled
     setRunning(null);
     const scenario = scenarioRuns.get(detail.run_id);
     if (scenario) {
@@ -130,6 +182,8 @@ function start() {
 
   client.addEventListener("welcome", async ({ detail }) => {
     renderScenarios(detail.features);
+    $("scoped").disabled = viewer || !client.supports("edit_scope");
+    if ($("scoped").disabled) $("scoped").checked = false;
     if (detail.resumed) return;
     try {
       const response = await fetch(`/v1/documents/${encodeURIComponent(settings.doc)}/history`,
@@ -163,28 +217,50 @@ function start() {
   });
 
   // -- prompt, cancel, approvals ----------------------------------------------------------
+  /**
+   * Start a run through the client (which keeps the scope for its stale-call rule).
+   * `request` may carry raw 1.1 fields (context.scope, options.on_edit/if_busy), as the
+   * scenarios do, or `scope`/`onEdit` as the "scoped run" checkbox does. The highlight
+   * starts at once for a scoped run that starts; a queued one shows it from its first
+   * run.scope event.
+   */
   async function startRun(request, scenario = null) {
     const runId = randomName("run_", 12);
     if (scenario) scenarioRuns.set(runId, scenario);
+    editor.flush("before a run"); // a late report of earlier typing would abort the new run
     transcript.startTiming();
+    const run = { runId, mode: "agent", ...request,
+                  context: request.context ?? { document: { text: editor.text, version: editor.version } } };
+    const ranges = run.scope ?? run.context.scope;
+    if (ranges) scope.start(runId, ranges, editor.version);
+    renderScope();
     try {
-      await client.send({ type: "run.start", run_id: runId, mode: "agent", tools: client.toolSpecs(),
-                          context: { document: { text: editor.text, version: editor.version } },
-                          ...request }, true);
+      const ack = await client.startRun(run);
+      if (ack.status === "queued") { scope.finish(runId); renderScope(); }
       return true;
     } catch (error) {
       transcript.notice(`could not start: ${error.message}`, true);
       transcript.stopTiming();
       scenarioRuns.delete(runId);
+      scope.finish(runId);
+      renderScope();
       return false;
     }
+  }
+
+  /** The "scoped run" checkbox: the selection (if any) as the scope, on_edit "overlap". */
+  function scopedRequest() {
+    if (!$("scoped").checked) return {};
+    const area = $("editor");
+    const selected = area.selectionStart < area.selectionEnd;
+    return { onEdit: "overlap", ...(selected ? { scope: [{ from: area.selectionStart, to: area.selectionEnd }] } : {}) };
   }
 
   $("prompt-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     const prompt = $("prompt").value.trim();
     if (!prompt) return;
-    if (await startRun({ prompt, mode: $("mode").value })) $("prompt").value = "";
+    if (await startRun({ prompt, mode: $("mode").value, ...scopedRequest() })) $("prompt").value = "";
   });
   $("prompt").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && (event.metaKey || event.ctrlKey)) $("prompt-form").requestSubmit();
@@ -256,7 +332,7 @@ function start() {
     }));
   }
 
-  window.cowrite = { client, editor, inspector };
+  window.cowrite = { client, editor, inspector, scope };
   client.connect();
 }
 

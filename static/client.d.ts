@@ -86,6 +86,64 @@ export interface BackoffOptions {
 /** Exponential backoff with full jitter: a delay in [0, min(maxMs, baseMs * 2^attempt)]. */
 export declare function backoffDelay(attempt: number, options?: BackoffOptions): number;
 
+/** A range `[from, to)` of the document in JavaScript string units (`0 <= from <= to`). */
+export interface ScopeRange {
+  from: number;
+  to: number;
+}
+
+/**
+ * One edit: `[from, to)` of the document before it was replaced by `insert` units
+ * (a count, not the text). Several apply in order, each in the previous one's coordinates.
+ */
+export interface EditChange {
+  from: number;
+  to: number;
+  insert: number;
+}
+
+/** An edit the client reported, as the stale-call rule sees it. */
+export interface EditRecord {
+  /** The document version after the edit. */
+  version: number | string | undefined;
+  origin: "user" | "agent";
+  /** null: the edit did not say what it changed (overlaps everything). */
+  changes: EditChange[] | null;
+}
+
+/**
+ * The single change that turns `before` into `after`, or null when equal. `cursor`
+ * (the caret in `after` right after the edit, e.g. a textarea's selectionEnd) places
+ * an ambiguous edit ("aa" -> "aaa"); without it the change is placed rightmost.
+ * Never splits a surrogate pair.
+ */
+export declare function diffChange(before: string, after: string, cursor?: number): EditChange | null;
+
+/** True when the change touches a unit of the range; edges and no-ops do not (protocol section 11). */
+export declare function changeOverlaps(change: EditChange, range: ScopeRange): boolean;
+
+/** The range after a change that does not overlap it; throws RangeError for one that does. */
+export declare function shiftRange(range: ScopeRange, change: EditChange): ScopeRange;
+
+/** The scope after the changes, in order, or null as soon as one overlaps a range. */
+export declare function applyChanges(scope: ScopeRange[], changes: EditChange[]): ScopeRange[] | null;
+
+/**
+ * The stale-call rule: true when a `tool.call` computed at `callVersion` (older than
+ * `currentVersion`) should be refused with `tool.result.error {code: "stale"}` because
+ * a user edit after `callVersion` touched the run's scope (known at `scopeVersion`;
+ * null = the whole document). See docs/client.md.
+ */
+export declare function isStaleCall(state: {
+  callVersion: unknown;
+  currentVersion: unknown;
+  scope: ScopeRange[] | null;
+  scopeVersion: unknown;
+  edits: EditRecord[];
+  /** false when the client forgot edits that old: then the call is stale. */
+  complete?: boolean;
+}): boolean;
+
 /** Where the client stands in the document log, and whether an event is new. */
 export declare class SeqTracker {
   /** `welcome.epoch`, or null before the first welcome. */
@@ -189,6 +247,16 @@ export interface StartRunOptions {
   runId?: string;
   /** Default: the tools registered with `registerTool`. */
   tools?: ToolSpec[];
+  /**
+   * `context.scope` (needs the server feature `edit_scope`): the parts of the document
+   * the run works on, in the document of `context.document.version` (or of the last
+   * `editorChange`). Absent: the whole document.
+   */
+  scope?: ScopeRange[];
+  /** `options.on_edit` (needs `edit_scope`): what a user edit does to the run. */
+  onEdit?: "abort" | "overlap" | "continue";
+  /** `options.if_busy` (needs `run_queue`): what to do while another client's run is active. */
+  ifBusy?: "reject" | "enqueue" | "interrupt";
 }
 
 export interface ApproveOptions {
@@ -203,6 +271,11 @@ export interface EditorChangeOptions {
   origin?: "user" | "agent";
   documentVersion?: number | string;
   summary?: string;
+  /**
+   * What the edit replaced (`diffChange` computes it for a plain text field). Sent
+   * only when the server supports `edit_scope`; kept either way for the stale-call rule.
+   */
+  changes?: EditChange[];
 }
 
 /**
@@ -223,7 +296,11 @@ export declare class CowriteClient extends EventTarget {
   /** The last `welcome`, or null before the first. */
   readonly welcome: WelcomeEvent | null;
   readonly seq: SeqTracker;
+  /** The latest `documentVersion` passed to `editorChange`. */
+  readonly documentVersion: number | string | undefined;
 
+  /** True when the last `welcome.features` lists this protocol 1.1 feature. */
+  supports(feature: string): boolean;
   /** Declare a client tool and the handler that runs its calls. */
   registerTool<Args = Record<string, unknown>>(spec: ToolSpec, handler: ToolHandler<Args>): void;
   /** The registered tools, as sent in `run.start`. */
@@ -242,7 +319,11 @@ export declare class CowriteClient extends EventTarget {
   send(message: ClientMessage, expectReply?: false): undefined;
   send(message: ClientMessage, expectReply: boolean): Promise<AckEvent> | undefined;
 
-  /** Start a run with this client's tools; resolves with the ack (`{run_id, status}`). */
+  /**
+   * Start a run with this client's tools; resolves with the ack (`{run_id, status}`).
+   * With `scope`/`onEdit` or `ifBusy` on a server that lacks `edit_scope` or
+   * `run_queue`, rejects with an Error whose `code` is "unsupported" and sends nothing.
+   */
   startRun(run: StartRunOptions): Promise<AckEvent>;
   cancelRun(runId: string, reason?: string): Promise<AckEvent>;
   approve(runId: string, callId: string, how?: ApproveOptions): Promise<AckEvent>;

@@ -24,6 +24,18 @@
 // Once welcomed, the server is known to accept this document from this page,
 // so the same closes mean a restarting server and are retried with backoff.
 // `refusedLimit: 0` retries forever; `connect()` starts counting afresh.
+//
+// Edit-aware runs (protocol 1.1, section 11; the arithmetic is in edits.js).
+// `editorChange({changes})` reports what an edit replaced, and `startRun({scope,
+// onEdit, ifBusy})` asks for a scoped or queued run. A server that does not list
+// `edit_scope` (or `run_queue`) in `welcome.features` would refuse the unknown
+// fields, so the client never sends `changes` to it (the edit is still reported,
+// and still aborts the run as in 1.0) and refuses `startRun` with those options
+// locally (an Error with `code: "unsupported"`). The client also keeps the
+// versions and changes it reported while its runs are active, and answers a
+// `tool.call` computed on an older document whose run's scope a later user edit
+// touched with `tool.result.error {code: "stale"}` instead of running the handler
+// (the rule: `isStaleCall`).
 
 /**
  * @typedef {{name: string, description?: string, parameters?: object, requires_approval?: boolean}} ToolSpec
@@ -42,6 +54,13 @@
  * @typedef {"idle"|"connecting"|"open"|"reconnecting"|"closed"} ConnectionState
  * @typedef {(args: object, call: ToolCallEvent) => Promise<any>|any} ToolHandler
  */
+
+import { isStaleCall } from "./edits.js";
+
+export { applyChanges, changeOverlaps, diffChange, isStaleCall, shiftRange } from "./edits.js";
+
+/** Edits kept for the stale-call rule while runs are active; the older half goes past this. */
+const MAX_EDITS = 2000;
 
 /** Close codes of PROTOCOL.md section 7. */
 export const CLOSE = Object.freeze({
@@ -155,6 +174,19 @@ export class CowriteClient extends EventTarget {
     this.ws = null;
     this.stopped = false;
     this.counter = 0;
+    /** the latest document version reported with editorChange (or set by the app) */
+    this.documentVersion = undefined;
+    /** @type {import("./edits.js").EditRecord[]} edits reported, for the stale-call rule */
+    this.edits = [];
+    /** versions at or below this were forgotten (MAX_EDITS); null: nothing forgotten */
+    this.editsFloor = null;
+    /** @type {Map<string, {scope: import("./edits.js").ScopeRange[]|null, version: unknown}>} */
+    this.runScopes = new Map();
+  }
+
+  /** True when the server announced this protocol 1.1 feature in `welcome.features`. */
+  supports(feature) {
+    return Boolean(this.welcome?.features?.includes(feature));
   }
 
   /** @param {ToolSpec} spec @param {ToolHandler} handler */
@@ -197,12 +229,35 @@ export class CowriteClient extends EventTarget {
 
   /**
    * Start a run with this client's tools; resolves with the ack ({run_id, status}).
+   * `scope` (-> context.scope, needs `edit_scope`): the ranges the run works on, in
+   * the document as `context.document` has it (or as of the last editorChange);
+   * `onEdit` (-> options.on_edit, needs `edit_scope`); `ifBusy` (-> options.if_busy,
+   * needs `run_queue`). Without those features the promise rejects with `code:
+   * "unsupported"` and nothing is sent.
    * @param {{prompt: string, mode?: "agent"|"chat", context?: object, options?: object,
-   *   runId?: string, tools?: ToolSpec[]}} run
+   *   runId?: string, tools?: ToolSpec[], scope?: {from: number, to: number}[],
+   *   onEdit?: "abort"|"overlap"|"continue", ifBusy?: "reject"|"enqueue"|"interrupt"}} run
    */
-  startRun({ prompt, mode = "agent", context, options, runId, tools }) {
-    return this.send({ type: "run.start", run_id: runId ?? randomId("run_"), mode, prompt,
-                       context, options, tools: tools ?? this.toolSpecs() }, true);
+  startRun({ prompt, mode = "agent", context, options, runId, tools, scope, onEdit, ifBusy }) {
+    const missing = (scope !== undefined || onEdit !== undefined) && !this.supports("edit_scope")
+      ? "edit_scope"
+      : ifBusy !== undefined && !this.supports("run_queue") ? "run_queue" : null;
+    if (missing && this.ws?.readyState === 1) {
+      return Promise.reject(Object.assign(
+        new Error(`the server does not support ${missing} (welcome.features)`),
+        { code: "unsupported" }));
+    }
+    const id = runId ?? randomId("run_");
+    const fullContext = scope === undefined ? context : { ...context, scope };
+    const fullOptions = onEdit === undefined && ifBusy === undefined ? options
+      : { ...options, ...(onEdit === undefined ? {} : { on_edit: onEdit }),
+          ...(ifBusy === undefined ? {} : { if_busy: ifBusy }) };
+    this.runScopes.set(id, { scope: fullContext?.scope ?? null,
+                             version: fullContext?.document?.version ?? this.documentVersion });
+    const sent = this.send({ type: "run.start", run_id: id, mode, prompt, context: fullContext,
+                             options: fullOptions, tools: tools ?? this.toolSpecs() }, true);
+    sent.catch(() => this.runScopes.delete(id)); // refused: no run to protect
+    return sent;
   }
 
   cancelRun(runId, reason) {
@@ -220,10 +275,17 @@ export class CowriteClient extends EventTarget {
                        reason }, true);
   }
 
-  /** Report an edit: origin "user" aborts an active run, "agent" (tool edits) never does. */
-  editorChange({ origin = "user", documentVersion, summary } = {}) {
+  /**
+   * Report an edit: origin "user" aborts an active run (unless its `on_edit` says
+   * otherwise), "agent" (tool edits) never does. `changes` ([{from, to, insert}], see
+   * diffChange) are sent only to a server that supports `edit_scope`; they are kept
+   * either way, with `documentVersion`, for the stale-call rule.
+   */
+  editorChange({ origin = "user", documentVersion, summary, changes } = {}) {
+    this.#record({ version: documentVersion, origin, changes: changes ?? null });
+    const withChanges = changes !== undefined && this.supports("edit_scope");
     return this.send({ type: "editor.change", origin, document_version: documentVersion,
-                       summary });
+                       summary, ...(withChanges ? { changes } : {}) });
   }
 
   refreshAuth(token) {
@@ -231,6 +293,38 @@ export class CowriteClient extends EventTarget {
   }
 
   // -- internals ---------------------------------------------------------------
+  #record(edit) {
+    if (edit.version !== undefined) this.documentVersion = edit.version;
+    if (this.runScopes.size === 0) return; // no run of ours to protect: keep nothing
+    this.edits.push(edit);
+    if (this.edits.length > MAX_EDITS) {
+      const dropped = this.edits.splice(0, MAX_EDITS / 2);
+      const last = dropped.at(-1)?.version;
+      if (typeof last === "number") this.editsFloor = last;
+    }
+  }
+
+  /** The stale-call rule for one of our calls (see isStaleCall in edits.js). */
+  #isStale(call) {
+    const known = this.runScopes.get(call.run_id) ?? { scope: null, version: undefined };
+    const since = typeof known.version === "number"
+      ? Math.min(known.version, Number(call.document_version)) : call.document_version;
+    const complete = this.editsFloor === null || (typeof since === "number" && since >= this.editsFloor);
+    return isStaleCall({ callVersion: call.document_version, currentVersion: this.documentVersion,
+                         scope: known.scope, scopeVersion: known.version, edits: this.edits,
+                         complete });
+  }
+
+  #trackRun(event) {
+    if (event.type === "run.scope") {
+      this.runScopes.set(event.run_id, { scope: event.scope ?? null, version: event.document_version });
+    } else if (event.type === "run.finished" && this.runScopes.delete(event.run_id) &&
+               this.runScopes.size === 0) {
+      this.edits = [];
+      this.editsFloor = null;
+    }
+  }
+
   #setState(state, detail = {}) {
     this.state = state;
     this.dispatchEvent(new CustomEvent("state", { detail: { state, ...detail } }));
@@ -306,6 +400,7 @@ export class CowriteClient extends EventTarget {
       }
     }
     if (event.type === "tool.done") this.results.delete(event.call_id);
+    this.#trackRun(event);
     this.#emit(event);
     if (event.type === "tool.call" && event.executor === "client" &&
         event.client_id === this.clientId) {
@@ -341,6 +436,11 @@ export class CowriteClient extends EventTarget {
                      token: call.token };
     const started = performance.now();
     try {
+      if (this.#isStale(call)) {
+        throw Object.assign(new Error(
+          `stale: the document changed in this run's scope since version ${call.document_version} ` +
+          `(now ${this.documentVersion}); read it again before editing`), { code: "stale" });
+      }
       if (!tool) throw Object.assign(new Error(`no handler for ${call.name}`), { code: "no_handler" });
       result.output = (await tool.handler(call.arguments, call)) ?? null;
     } catch (error) {

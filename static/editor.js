@@ -4,6 +4,7 @@
 // tools like these against its own document model.
 
 import { DocSync } from "./docsync.js";
+import { diffChange } from "./edits.js";
 
 const objectOf = (properties, required = []) =>
   ({ type: "object", properties, required, additionalProperties: false });
@@ -12,9 +13,11 @@ export class Editor {
   /**
    * @param {{client: import("./client.js").CowriteClient, documentId: string, tab: string,
    *   keepText: boolean, readOnly: boolean, isRunActive: () => boolean,
-   *   onRemoteText: (from: string) => void}} options
+   *   onRemoteText: (from: string) => void,
+   *   onLocalEdit?: (version: number, changes: object[], origin: "user"|"agent") => void}} options
    */
-  constructor({ client, documentId, tab, keepText, readOnly, isRunActive, onRemoteText }) {
+  constructor({ client, documentId, tab, keepText, readOnly, isRunActive, onRemoteText,
+                onLocalEdit = () => {} }) {
     this.client = client;
     this.area = /** @type {HTMLTextAreaElement} */ (document.getElementById("editor"));
     this.versionLabel = document.getElementById("doc-version");
@@ -24,6 +27,7 @@ export class Editor {
       documentId, tab, keep: keepText,
       onRemote: (snapshot) => { // another tab changed the text: show it, send nothing
         this.area.value = snapshot.text;
+        this.lastText = snapshot.text;
         this.#setVersion(Math.max(this.version, snapshot.version));
         onRemoteText(snapshot.tab);
       },
@@ -35,19 +39,45 @@ export class Editor {
     }
     this.sync.ask();
     this.#registerTools();
+    this.onLocalEdit = onLocalEdit;
+    /** the text as last reported: each edit's change is computed against it */
+    this.lastText = this.area.value;
 
+    // Every user edit is reported with what it replaced (`changes`, PROTOCOL.md section
+    // 11). During a run at once (it may abort the run); otherwise after a 300 ms pause,
+    // with the changes of every keystroke since, in order, each with its own version
+    // kept by the client for the stale-call rule.
     let timer = null;
+    let pending = [];
+    const flush = this.flush = (summary) => {
+      clearTimeout(timer);
+      if (pending.length === 0) return;
+      client.editorChange({ origin: "user", documentVersion: this.version, summary, changes: pending });
+      pending = [];
+    };
     this.area.addEventListener("input", () => {
+      const change = diffChange(this.lastText, this.area.value, this.area.selectionEnd);
+      this.lastText = this.area.value;
       this.#setVersion(this.version + 1);
       this.sync.changed(this.area.value, this.version);
-      clearTimeout(timer);
-      if (isRunActive()) { // the user edits during a run: abort it at once
-        client.editorChange({ origin: "user", documentVersion: this.version, summary: "typing" });
-      } else {
-        timer = setTimeout(() => client.editorChange({ origin: "user", documentVersion: this.version }), 300);
+      if (change) {
+        pending.push(change);
+        this.onLocalEdit(this.version, [change], "user");
+      }
+      if (isRunActive()) flush("typing"); // the user edits during a run: tell the server at once
+      else {
+        clearTimeout(timer);
+        timer = setTimeout(() => flush(undefined), 300);
       }
     });
   }
+
+  /**
+   * Report user edits still waiting for the pause, at once. Called before a run
+   * starts: the run's context has the text already, and a late report would abort it.
+   * @type {(summary?: string) => void}
+   */
+  flush = () => {};
 
   get text() {
     return this.area.value;
@@ -60,10 +90,14 @@ export class Editor {
 
   /** An edit made by the agent: reported with origin "agent", which never aborts the run. */
   #agentEdit(text) {
+    const change = diffChange(this.lastText, text);
     this.area.value = text;
+    this.lastText = text;
     this.#setVersion(this.version + 1);
     this.sync.changed(text, this.version);
-    this.client.editorChange({ origin: "agent", documentVersion: this.version });
+    const changes = change ? [change] : [];
+    this.onLocalEdit(this.version, changes, "agent");
+    this.client.editorChange({ origin: "agent", documentVersion: this.version, changes });
   }
 
   #registerTools() {

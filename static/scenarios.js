@@ -20,6 +20,9 @@ const LONG = "Co-writing means the agent works in the same document as you. " +
   "Every piece of this answer arrives as a message.delta event, numbered with a seq, " +
   "logged, and replayed to any tab that reconnects. ";
 
+/** Where the first line ends (the whole text when it has one line). */
+export const firstParagraphEnd = (text) => (text.includes("\n") ? text.indexOf("\n") : text.length);
+
 /** @type {Scenario[]} */
 export const SCENARIOS = [
   {
@@ -84,7 +87,7 @@ export const SCENARIOS = [
       prompt: script([{ say: LONG.repeat(3) }], { chunk: 3, delayMs: 30 }),
       options: { on_edit: "overlap" },
       context: { document: { text: doc.text, version: doc.version },
-                 scope: [{ from: 0, to: Math.max(0, doc.text.indexOf("\n")) }] },
+                 scope: [{ from: 0, to: firstParagraphEnd(doc.text) }] },
     }),
   },
   {

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from protocol.server import ApprovalRequested, RunError, RunFinished, ToolCall, ToolDone
+from protocol.server import Ack, ApprovalRequested, RunError, RunFinished, ToolCall, ToolDone
 from server.agent.machine import RunMachine
 from server.agent.run_state import STATUS_RANK, ModelCall, RunState, ToolOutcome
 from server.agent.steps import (

@@ -8,7 +8,9 @@ import {
   CowriteClient,
   backoffDelay,
   closeAction,
+  diffChange,
   type ClientMessage,
+  type EditChange,
   type DurableEvent,
   type EventOfType,
   type RunFinishedEvent,
@@ -138,6 +140,20 @@ async function run(): Promise<void> {
   await client.startRun({ prompt: "x", mode: "autopilot" });
   // @ts-expect-error prompt is required
   await client.startRun({ mode: "chat" });
+
+  // Edit-aware runs (protocol 1.1): a scoped run, and the changes of a user edit.
+  if (client.supports("edit_scope")) {
+    await client.startRun({ prompt: "Fix the first line", scope: [{ from: 0, to: 12 }],
+                            onEdit: "overlap", ifBusy: "enqueue" });
+    // @ts-expect-error on_edit is "abort", "overlap" or "continue"
+    await client.startRun({ prompt: "x", onEdit: "ignore" });
+  }
+  const change: EditChange | null = diffChange("Hello", "Hello!", 6);
+  if (change) client.editorChange({ documentVersion: 4, changes: [change] });
+  // @ts-expect-error insert is a count of units, not the inserted text
+  client.editorChange({ changes: [{ from: 0, to: 0, insert: "x" }] });
+  const version: number | string | undefined = client.documentVersion;
+  void version;
 
   const ping: ClientMessage = { type: "ping", ts: Date.now() };
   client.send(ping);
