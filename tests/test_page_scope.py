@@ -52,30 +52,6 @@ async def features(page: "Page") -> list[str]:
     return found
 
 
-async def test_without_edit_scope_the_page_sends_no_changes_and_edits_still_abort(
-    browser: "Browser", dev_server: Server,
-) -> None:
-    tab = await open_tab(browser, dev_server, "scope-none")
-    page = tab.page
-    sent, received = record_frames(page)
-    await page.reload()  # so every frame of the new connection is recorded
-    await expect(page.locator("#status")).to_have_attribute("data-state", "open")
-    if "edit_scope" in await features(page):
-        pytest.skip("this server supports edit_scope: the other tests cover it")
-    await expect(page.locator("#scoped")).to_be_disabled()
-    await submit(page, scripted("word " * 400, chunk=2, delay_ms=30))
-    await expect(page.locator(".msg.assistant").last).to_contain_text("word")
-    await page.locator("#editor").press("End")
-    await page.locator("#editor").type("!")
-    await expect(page.locator("#run-state")).to_have_text("")
-    changes = [m for m in sent if m.get("type") == "editor.change"]
-    assert changes and all("changes" not in m for m in changes), changes
-    assert [e for e in received if e.get("type") == "error"] == []
-    ends = [e for e in received if e.get("type") == "run.finished"]
-    assert ends and ends[-1]["status"] == "aborted" and ends[-1]["reason"] == "document_changed"
-    assert tab.problems == []
-
-
 async def test_a_scoped_run_survives_an_edit_elsewhere_and_shows_its_scope(
     browser: "Browser", dev_server: Server,
 ) -> None:

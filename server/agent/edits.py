@@ -22,7 +22,7 @@ Edit = tuple[int, int, int]  # from, to, insert
 class EditVerdict:
     abort: bool
     state: RunState
-    moved: tuple[Span, ...] | None = None  # the scope after the edit, when it moved
+    moved: tuple[Span, ...] | None = None  # overlap mode: the scope after the edit
 
 
 def _apply(scope: tuple[Span, ...], changes: tuple[Edit, ...]) -> tuple[Span, ...] | None:
@@ -48,7 +48,7 @@ def judge_edit(state: RunState, user_id: str, origin: str, version: Any, summary
         after = _apply(scope, changes)
         if after is None:
             return EditVerdict(True, state)
-        scope, moved = after, (after if after != state.scope else None)
+        scope = moved = after  # logged even when unmoved: the scope at the new version
     note = {"user_id": user_id, "document_version": version, "summary": summary,
             "changes": [list(c) for c in changes] if changes is not None else None}
     return EditVerdict(False, replace(state, document_version=known, scope=scope,
