@@ -21,6 +21,7 @@ from starlette.staticfiles import StaticFiles
 
 from protocol.schema import build_schema
 from protocol.server import Limits
+from server.adapters.tool_results import post_tool_result
 from server.agent.coordinator import RunCoordinator
 from server.agent.environment import RunEnvironment
 from server.agent.factory import make_llm
@@ -62,7 +63,7 @@ def make_backend(settings: Settings) -> Backend:
 
 
 # The protocol 1.1 additions this server supports (welcome.features).
-FEATURES = ("json_depth",)
+FEATURES = ("json_depth", "http_tool_results")
 
 
 def build_services(settings: Settings) -> Services:
@@ -229,6 +230,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/v1/tools", list_tools),
         Route("/v1/workflows", list_workflows),
         Route("/v1/dev/token", dev_token, methods=["POST"]),
+        Route("/v1/documents/{document_id}/runs/{run_id}/tool-results", post_tool_result,
+              methods=["POST"]),
         WebSocketRoute("/v1/documents/{document_id:path}/ws", document_socket),
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
