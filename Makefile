@@ -17,7 +17,7 @@ PIP := $(BIN)/python -m pip install -qq
 NODE_DIR := tests/node
 NODE_STAMP := $(NODE_DIR)/node_modules/.installed
 
-.PHONY: run test lint typecheck jstest pytest schema docs node-deps bench clean
+.PHONY: run test lint typecheck jstest adapters-jstest pytest schema docs node-deps bench clean
 
 $(BIN)/python:
 	@echo "cowrite: creating $(VENV) (first run only)"
@@ -50,7 +50,14 @@ jstest:
 pytest: $(VENV)/.installed-test
 	$(BIN)/python -m pytest
 
-test: node-deps lint typecheck jstest pytest
+# The AI SDK / AG-UI adapters driven by the real `ai` and `@ag-ui/client` packages
+# (tests/node/adapters.test.mjs starts its own server from .venv).
+adapters-jstest: node-deps $(VENV)/.installed
+	@if [ -d $(NODE_DIR)/node_modules/ai ]; then node --test $(NODE_DIR)/adapters.test.mjs; \
+	elif [ "$$CI" = "true" ]; then echo "node and npm are required in CI" >&2; exit 1; \
+	else echo "npm packages missing: skipping the adapter node tests" >&2; fi
+
+test: node-deps lint typecheck jstest adapters-jstest pytest
 
 # npm packages for the TypeScript checks (tests/node), installed from the lock
 # file whenever it changes. Without npm: CI fails here; elsewhere the checks skip.

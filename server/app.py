@@ -23,6 +23,11 @@ from starlette.staticfiles import StaticFiles
 from protocol.base import DEFAULT_THREAD, THREAD_ID_PATTERN
 from protocol.schema import build_schema
 from protocol.server import Limits
+from server.adapters.agui import post_agui
+from server.adapters.ai_sdk import get_chat_stream, post_chat
+from server.adapters.ai_sdk_ws import ai_sdk_socket
+from server.adapters.chat import ChatRuns
+from server.adapters.tool_results import post_tool_result
 from server.agent.coordinator import RunCoordinator
 from server.agent.environment import RunEnvironment
 from server.agent.factory import make_llm
@@ -65,7 +70,8 @@ def make_backend(settings: Settings) -> Backend:
 
 
 # The protocol 1.1 additions this server supports (welcome.features).
-FEATURES = ("json_depth", "edit_scope", "server_tools", "mcp", "workflows", "threads")
+FEATURES = ("json_depth", "edit_scope", "server_tools", "mcp", "workflows", "threads",
+            "http_tool_results", "ai_sdk", "ag_ui")
 
 
 def build_services(settings: Settings, tools: ToolCatalog | None = None) -> Services:
@@ -117,6 +123,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     tools: ToolCatalog = build_catalog(settings)  # ConfigError: refuse to start
     services = build_services(settings, tools)
     schema = orjson.dumps(build_schema())
+    chat_runs = ChatRuns(services)
 
     async def healthz(_: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -235,6 +242,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 await metrics_task
             for session in list(services.hub.sessions.values()):
                 await session.runs.shutdown()
+            await chat_runs.close()
             await services.router.stop()
             await tools.close()
             await services.runs.llm.close()
@@ -251,11 +259,18 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/v1/tools", list_tools),
         Route("/v1/workflows", list_workflows),
         Route("/v1/dev/token", dev_token, methods=["POST"]),
+        Route("/v1/documents/{document_id}/runs/{run_id}/tool-results", post_tool_result,
+              methods=["POST"]),
+        Route("/v1/ai-sdk/{document_id}/chat", post_chat, methods=["POST"]),
+        Route("/v1/ai-sdk/{document_id}/chat/{chat_id}/stream", get_chat_stream),
+        WebSocketRoute("/v1/ai-sdk/{document_id}/ws", ai_sdk_socket),
+        Route("/v1/agui/{document_id}", post_agui, methods=["POST"]),
         WebSocketRoute("/v1/documents/{document_id:path}/ws", document_socket),
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(TransportHandle)])
     app.state.services = services
     app.state.tools = tools
+    app.state.chat_runs = chat_runs
     app.state.handshakes = HandshakeGate(settings.max_pending_handshakes)
     return app

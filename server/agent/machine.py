@@ -166,7 +166,6 @@ class RunMachine:
                                          {"role": "user", "content": event.problem}))
         return self._call_model(state, out)
 
-    # -- tool calls, one at a time ------------------------------------------------
     def _advance(self, state: RunState, out: EffectList, at_ms: int) -> RunState:
         """Start the next call of the turn, or call the model again when none is left."""
         while state.queue:

@@ -1,0 +1,260 @@
+"""`POST /v1/agui/{document_id}`: AG-UI (`RunAgentInput` in, AG-UI events out as SSE).
+
+Mapping (PROTOCOL.md section 16), with ag-ui-protocol's pydantic models:
+`threadId` names the chat and the cowrite thread (when it is a valid thread id,
+else the default thread), `runId` becomes the cowrite `run_id` of a new run, the last user
+message is the prompt, `tools` are the client tools, `context` and `state`
+go to `context.extra` (`agui_context`, `agui_state`). Events: `RUN_STARTED`
+(with the request's ids) opens every response; `TEXT_MESSAGE_*`,
+`TOOL_CALL_START/ARGS/END`, `TOOL_CALL_RESULT` (server tools); a client tool
+call ends the response with `RUN_FINISHED` (`outcome: success`,
+`pendingToolCallIds`); the next input whose messages hold a `tool` message
+for that `toolCallId` delivers it and streams the rest of the same run. An
+approval ends the response with `RUN_FINISHED` `outcome: interrupt` (one
+interrupt, id = tool call id, reason `tool_approval`); the next input's
+`resume` entry answers it (`resolved` with `payload.approved`, or
+`cancelled` = reject). The run's end: `RUN_FINISHED`, or `RUN_ERROR`
+(`code` = status, e.g. `aborted:document_changed`).
+"""
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from ag_ui.core import (
+    BaseEvent,
+    Interrupt,
+    RunAgentInput,
+    RunErrorEvent,
+    RunFinishedEvent,
+    RunFinishedInterruptOutcome,
+    RunFinishedSuccessOutcome,
+    RunStartedEvent,
+    TextMessageContentEvent,
+    TextMessageEndEvent,
+    TextMessageStartEvent,
+    ToolCallArgsEvent,
+    ToolCallEndEvent,
+    ToolCallResultEvent,
+    ToolCallStartEvent,
+)
+from ag_ui.encoder import EventEncoder
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from protocol.client import RunContext, RunStart, ToolSpec
+from protocol.codes import ErrorCode
+from protocol.server import (
+    ApprovalRequested,
+    Error,
+    MessageDelta,
+    MessageDone,
+    RunFinished,
+    ServerEvent,
+    ToolCall,
+    ToolDone,
+)
+from server.adapters.ai_sdk import thread_for
+from server.adapters.chat import ChatRun, ChatRuns
+from server.adapters.http import (
+    HttpFailure,
+    bearer_token,
+    check_document,
+    principal_for,
+    read_object,
+)
+from server.backends.base import BackendUnavailable
+from server.services import Services
+
+KIND = "agui"
+
+
+class AguiTranslator:
+    """cowrite events -> AG-UI events for one run; `ids` = (threadId, runId) of the
+    request being answered, changed by each continuing request."""
+
+    def __init__(self, thread_id: str, run_id: str) -> None:
+        self.ids = (thread_id, run_id)
+        self.open_texts: list[str] = []
+        self.client_calls: set[str] = set()
+
+    def opening(self) -> list[BaseEvent]:
+        return [RunStartedEvent(thread_id=self.ids[0], run_id=self.ids[1])]
+
+    def _close_texts(self) -> list[BaseEvent]:
+        events: list[BaseEvent] = [TextMessageEndEvent(message_id=m) for m in self.open_texts]
+        self.open_texts = []
+        return events
+
+    def translate(self, event: ServerEvent, ours: bool) -> tuple[list[BaseEvent], bool]:
+        thread_id, run_id = self.ids
+        if isinstance(event, MessageDelta):
+            events: list[BaseEvent] = []
+            if event.message_id not in self.open_texts:
+                self.open_texts.append(event.message_id)
+                events.append(TextMessageStartEvent(message_id=event.message_id,
+                                                    role="assistant"))
+            if event.delta:
+                events.append(TextMessageContentEvent(message_id=event.message_id,
+                                                      delta=event.delta))
+            return events, False
+        if isinstance(event, MessageDone):
+            if event.message_id in self.open_texts:
+                self.open_texts.remove(event.message_id)
+                return [TextMessageEndEvent(message_id=event.message_id)], False
+            if not event.text:
+                return [], False
+            return [TextMessageStartEvent(message_id=event.message_id, role="assistant"),
+                    TextMessageContentEvent(message_id=event.message_id, delta=event.text),
+                    TextMessageEndEvent(message_id=event.message_id)], False
+        if isinstance(event, ToolCall):
+            events = [*self._close_texts(), *_call(event.call_id, event.name, event.arguments)]
+            if not ours:
+                return events, False
+            self.client_calls.add(event.call_id)
+            return [*events, RunFinishedEvent(thread_id=thread_id, run_id=run_id,
+                                              outcome=RunFinishedSuccessOutcome(
+                                                  pending_tool_call_ids=[event.call_id]))], True
+        if isinstance(event, ApprovalRequested):
+            interrupt = Interrupt(id=event.call_id, reason="tool_approval",
+                                  tool_call_id=event.call_id,
+                                  message=f"approve {event.name}?",
+                                  metadata={"name": event.name, "arguments": event.arguments})
+            return [*self._close_texts(), RunFinishedEvent(
+                thread_id=thread_id, run_id=run_id,
+                outcome=RunFinishedInterruptOutcome(interrupts=[interrupt]))], True
+        if isinstance(event, ToolDone) and event.call_id not in self.client_calls:
+            content = event.output if event.status == "ok" else {"status": event.status,
+                                                                 "error": event.error}
+            return [ToolCallResultEvent(message_id=f"{event.call_id}:result",
+                                        tool_call_id=event.call_id, role="tool",
+                                        content=orjson.dumps(content).decode())], False
+        if isinstance(event, RunFinished):
+            events = self._close_texts()
+            if event.status == "completed":
+                return [*events, RunFinishedEvent(thread_id=thread_id, run_id=run_id)], True
+            code = event.status + (f":{event.reason}" if event.reason else "")
+            message = f"run {event.status}" + (f": {event.error.message}" if event.error else
+                                               f" ({event.reason})" if event.reason else "")
+            return [*events, RunErrorEvent(message=message, code=code)], True
+        return [], False
+
+
+def _call(call_id: str, name: str, arguments: dict[str, Any]) -> list[BaseEvent]:
+    return [ToolCallStartEvent(tool_call_id=call_id, tool_call_name=name),
+            ToolCallArgsEvent(tool_call_id=call_id, delta=orjson.dumps(arguments).decode()),
+            ToolCallEndEvent(tool_call_id=call_id)]
+
+
+def _parse(data: dict[str, Any]) -> RunAgentInput:
+    try:
+        return RunAgentInput.model_validate(data)
+    except ValidationError as exc:
+        details = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()[:10]]
+        raise HttpFailure(ErrorCode.INVALID_MESSAGE, "invalid RunAgentInput",
+                          details=details) from exc
+
+
+def _answer(run: ChatRun[BaseEvent], data: RunAgentInput) -> Any:
+    """The tool result or approval this input carries for the run's pending call."""
+    for entry in data.resume or []:
+        if entry.interrupt_id in run.pending:
+            payload = entry.payload if isinstance(entry.payload, dict) else {}
+            approved = entry.status == "resolved" and payload.get("approved", True) is True
+            reason = payload.get("reason")
+            return run.approval(entry.interrupt_id, approved,
+                                reason if isinstance(reason, str) else None)
+    for message in data.messages:
+        call_id = getattr(message, "tool_call_id", None)
+        if message.role == "tool" and call_id in run.pending:
+            error = getattr(message, "error", None)
+            if error:
+                return run.tool_result(call_id, error={"message": str(error)})
+            content = message.content
+            output: Any
+            if isinstance(content, str):
+                try:
+                    output = orjson.loads(content)  # a tool returning JSON sends it as text
+                except orjson.JSONDecodeError:
+                    output = content
+            else:
+                output = [part.model_dump(mode="json", by_alias=True) for part in content]
+            return run.tool_result(call_id, output=output)
+    return None
+
+
+def _prompt(data: RunAgentInput) -> str:
+    for message in reversed(data.messages):
+        if message.role == "user":
+            content = message.content
+            if isinstance(content, str):
+                return content
+            return "".join(getattr(part, "text", "") or "" for part in content)
+    return ""
+
+
+async def _open(services: Services, runs: ChatRuns, document_id: str, request: Request,
+                data: RunAgentInput) -> tuple[ChatRun[BaseEvent], int]:
+    principal = principal_for(services, bearer_token(request), document_id)
+    existing = runs.get(KIND, document_id, data.thread_id)
+    message = _answer(existing, data) if existing is not None else None
+    if existing is not None and message is not None:
+        if principal.user_id != existing.link.conn.user_id:
+            raise HttpFailure(ErrorCode.FORBIDDEN, "only the run's user may answer it")
+        translator = existing.translator
+        assert isinstance(translator, AguiTranslator)
+        previous, translator.ids = translator.ids, (data.thread_id, data.run_id)
+        answer = await existing.answer(message)
+        if isinstance(answer, Error):
+            translator.ids = previous
+            raise HttpFailure.of(answer)
+        return existing, existing.segment_start
+    prompt = _prompt(data)
+    if not prompt:
+        raise HttpFailure(ErrorCode.INVALID_MESSAGE, "no user message to run, and no answer to "
+                          "a pending tool call or approval of this thread")
+    extra: dict[str, Any] = {}
+    if data.context:
+        extra["agui_context"] = [c.model_dump(mode="json") for c in data.context]
+    if data.state is not None:
+        extra["agui_state"] = data.state
+    try:
+        tools = [ToolSpec(name=t.name, description=t.description,
+                          **({"parameters": t.parameters} if t.parameters else {}))
+                 for t in data.tools or []]
+        start = RunStart(type="run.start", run_id=data.run_id, prompt=prompt, tools=tools,
+                         context=RunContext(extra=extra) if extra else None,
+                         thread_id=thread_for(data.thread_id))
+    except ValidationError as exc:
+        details = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()[:10]]
+        raise HttpFailure(ErrorCode.INVALID_MESSAGE, "invalid run from RunAgentInput",
+                          details=details) from exc
+    run = await runs.start(KIND, document_id, data.thread_id, principal, start,
+                           AguiTranslator(data.thread_id, data.run_id))
+    if isinstance(run, Error):
+        raise HttpFailure.of(run)
+    return run, 0
+
+
+async def _sse(events: AsyncIterator[BaseEvent]) -> AsyncIterator[str]:
+    encoder = EventEncoder()
+    async for event in events:
+        yield encoder.encode(event)
+
+
+async def post_agui(request: Request) -> Response:
+    services: Services = request.app.state.services
+    document_id: str = request.path_params["document_id"]
+    try:
+        check_document(document_id)
+        data = _parse(await read_object(request, services))
+        run, start = await _open(services, request.app.state.chat_runs, document_id,
+                                 request, data)
+    except HttpFailure as failure:
+        return failure.response()
+    except BackendUnavailable:
+        return HttpFailure(ErrorCode.UNAVAILABLE, "the shared backend is unavailable; retry "
+                           "shortly", retry_after_ms=1000).response()
+    return StreamingResponse(_sse(run.follow(start)), media_type="text/event-stream",
+                             headers={"cache-control": "no-cache", "x-accel-buffering": "no"})

@@ -1,0 +1,181 @@
+"""The Vercel AI SDK (5 to 7) endpoints (PROTOCOL.md section 16).
+
+- `POST /v1/ai-sdk/{document_id}/chat`: `DefaultChatTransport` / `useChat`.
+  Answers one segment of the run's UI message stream as SSE
+  (`x-vercel-ai-ui-message-stream: v1`, ending `data: [DONE]`).
+- `GET /v1/ai-sdk/{document_id}/chat/{chat_id}/stream`: `reconnectToStream`;
+  replays the active run's stream from its start and follows it; 204 when
+  this chat has no active run.
+- `GET /v1/ai-sdk/{document_id}/ws`: `WebSocketChatTransport` frames.
+
+A request whose last message is the user's starts a run (its text parts are
+the prompt; earlier messages are not sent to the model: cowrite keeps the
+document's own history). A request whose last message is the assistant's
+answers the chat's pending client tool call (a tool part in
+`output-available` / `output-error`) or approval (`approval-responded`) and
+streams the rest of the same run. The chunk mapping is in `ai_sdk_chunks`.
+"""
+
+import re
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from protocol.base import DEFAULT_THREAD, THREAD_ID_PATTERN
+from protocol.client import RunContext, RunOptions, RunStart, ToolSpec
+from protocol.codes import ErrorCode
+from protocol.server import Error
+from server.adapters.ai_sdk_chunks import AiSdkTranslator, Chunk
+from server.adapters.chat import ChatRun, ChatRuns
+from server.adapters.http import (
+    HttpFailure,
+    bearer_token,
+    check_document,
+    principal_for,
+    read_object,
+)
+from server.auth import Principal
+from server.backends.base import BackendUnavailable
+from server.services import Services
+
+KIND = "ai-sdk"
+CHAT_ID = r"^[A-Za-z0-9._:-]{1,100}$"
+STREAM_HEADERS = {"x-vercel-ai-ui-message-stream": "v1", "cache-control": "no-cache",
+                  "x-accel-buffering": "no"}
+
+
+def thread_for(chat_id: str) -> str:
+    """A chat's thread: its id when that is a valid thread id, else the default one."""
+    return chat_id if re.fullmatch(THREAD_ID_PATTERN, chat_id) else DEFAULT_THREAD
+
+
+class ChatRequest(BaseModel):
+    """`DefaultChatTransport`'s body plus cowrite's fields; other fields are ignored
+    (frontends add their own)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    id: str = Field(pattern=CHAT_ID)
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    trigger: Literal["submit-message", "regenerate-message"] = "submit-message"
+    messageId: str | None = None
+    tools: list[ToolSpec] = Field(default_factory=list, max_length=128)
+    context: RunContext | None = None
+    mode: Literal["agent", "chat"] = "agent"
+    options: RunOptions | None = None
+    thread_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:-]{1,64}$")
+    """The conversation thread (default: the chat `id`, when it is a valid thread id)."""
+
+
+def parse_request(data: dict[str, Any]) -> ChatRequest:
+    try:
+        return ChatRequest.model_validate(data)
+    except ValidationError as exc:
+        details = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()[:10]]
+        where = ", ".join(".".join(str(p) for p in d["loc"]) or "(body)" for d in details[:3])
+        raise HttpFailure(ErrorCode.INVALID_MESSAGE, f"invalid chat request at {where}",
+                          details=details) from exc
+
+
+def _text(message: dict[str, Any]) -> str:
+    parts = message.get("parts")
+    if isinstance(parts, list):
+        return "".join(str(p.get("text", "")) for p in parts
+                       if isinstance(p, dict) and p.get("type") == "text")
+    content = message.get("content")
+    return content if isinstance(content, str) else ""
+
+
+def _answer_in(run: ChatRun[Chunk], message: dict[str, Any]) -> Any:
+    """The `tool.result` or `approval` the assistant message carries for a pending call."""
+    for part in message.get("parts") or []:
+        if not isinstance(part, dict) or part.get("toolCallId") not in run.pending:
+            continue
+        call_id, state = str(part["toolCallId"]), part.get("state")
+        if state == "output-available":
+            return run.tool_result(call_id, output=part.get("output"))
+        if state == "output-error":
+            return run.tool_result(call_id, error={"message": str(part.get("errorText", ""))})
+        approval = part.get("approval")
+        if state == "approval-responded" and isinstance(approval, dict):
+            reason = approval.get("reason")
+            return run.approval(call_id, bool(approval.get("approved")),
+                                reason if isinstance(reason, str) else None)
+    return None
+
+
+async def open_segment(services: Services, runs: ChatRuns, document_id: str,
+                       principal: Principal, request: ChatRequest) -> tuple[ChatRun[Chunk], int]:
+    """Start the chat's run or deliver the frontend's answer; the run and where to stream from."""
+    last = request.messages[-1]
+    existing = runs.get(KIND, document_id, request.id)
+    if last.get("role") == "assistant":
+        message = _answer_in(existing, last) if existing is not None else None
+        if existing is None or message is None:
+            raise HttpFailure(ErrorCode.CALL_NOT_PENDING, "the last message answers no pending "
+                              "tool call or approval of this chat")
+        if principal.user_id != existing.link.conn.user_id:
+            raise HttpFailure(ErrorCode.FORBIDDEN, "only the run's user may answer it")
+        answer = await existing.answer(message)
+        if isinstance(answer, Error):
+            raise HttpFailure.of(answer)
+        return existing, existing.segment_start
+    prompt = _text(last)
+    if last.get("role") != "user" or not prompt:
+        raise HttpFailure(ErrorCode.INVALID_MESSAGE, "the last message must be the user's text "
+                          "or answer a pending tool call")
+    start = RunStart(type="run.start", mode=request.mode, prompt=prompt,
+                     context=request.context, tools=request.tools, options=request.options,
+                     thread_id=request.thread_id or thread_for(request.id))
+    run = await runs.start(KIND, document_id, request.id, principal, start,
+                           AiSdkTranslator(f"msg_{request.id}_{len(request.messages)}"))
+    if isinstance(run, Error):
+        raise HttpFailure.of(run)
+    return run, 0
+
+
+async def _sse(chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
+    async for chunk in chunks:
+        yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
+def _stream(run: ChatRun[Chunk], start: int) -> Response:
+    return StreamingResponse(_sse(run.follow(start)), media_type="text/event-stream",
+                             headers=STREAM_HEADERS)
+
+
+async def post_chat(request: Request) -> Response:
+    services: Services = request.app.state.services
+    runs: ChatRuns = request.app.state.chat_runs
+    document_id: str = request.path_params["document_id"]
+    try:
+        check_document(document_id)
+        principal = principal_for(services, bearer_token(request), document_id)
+        chat = parse_request(await read_object(request, services))
+        run, start = await open_segment(services, runs, document_id, principal, chat)
+    except HttpFailure as failure:
+        return failure.response()
+    except BackendUnavailable:
+        return HttpFailure(ErrorCode.UNAVAILABLE, "the shared backend is unavailable; retry "
+                           "shortly", retry_after_ms=1000).response()
+    return _stream(run, start)
+
+
+async def get_chat_stream(request: Request) -> Response:
+    services: Services = request.app.state.services
+    runs: ChatRuns = request.app.state.chat_runs
+    document_id: str = request.path_params["document_id"]
+    chat_id: str = request.path_params["chat_id"]
+    try:
+        check_document(document_id)
+        principal = principal_for(services, bearer_token(request), document_id, write=False)
+    except HttpFailure as failure:
+        return failure.response()
+    run = runs.get(KIND, document_id, chat_id) if re.fullmatch(CHAT_ID, chat_id) else None
+    if run is None or run.link.conn.user_id != principal.user_id:
+        return Response(status_code=204)
+    return _stream(run, 0)

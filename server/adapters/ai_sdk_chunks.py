@@ -1,0 +1,132 @@
+"""cowrite events -> Vercel AI SDK UI message stream chunks (pure, no I/O).
+
+The chunk shapes are the `UIMessageChunk` union of the `ai` package (5 to 7):
+one assistant UI message per run, whose id is the run id. Client tools are
+static tool parts (`tool-<name>`), server tools dynamic ones marked
+`providerExecuted`. An approval is shown as the tool's input plus
+`tool-approval-request` (approval id = call id), without
+`tool-input-available`, so `onToolCall` fires only once the call is approved
+and really dispatched to the client. A segment ends after a client tool's
+`tool-input-available` or an approval request (`finish` with
+`finishReason: "tool-calls"`), and at the run's end: `finish` (`stop`),
+`abort` for a cancelled or aborted run, `error` then `finish` (`error`) for a
+failed or timed-out one.
+"""
+
+from typing import Any
+
+import orjson
+
+from protocol.server import (
+    ApprovalRequested,
+    ApprovalResolved,
+    MessageDelta,
+    MessageDone,
+    RunFinished,
+    ServerEvent,
+    ToolCall,
+    ToolDone,
+)
+
+Chunk = dict[str, Any]
+
+
+class AiSdkTranslator:
+    def __init__(self, message_id: str) -> None:
+        self.message_id = message_id
+        self.open_texts: list[str] = []
+        self.shown_inputs: set[str] = set()  # calls whose input the client already has
+        self.server_calls: set[str] = set()
+
+    def opening(self) -> list[Chunk]:
+        return [{"type": "start", "messageId": self.message_id}]
+
+    def _close_texts(self) -> list[Chunk]:
+        chunks = [{"type": "text-end", "id": text_id} for text_id in self.open_texts]
+        self.open_texts = []
+        return chunks
+
+    def translate(self, event: ServerEvent, ours: bool) -> tuple[list[Chunk], bool]:
+        if isinstance(event, MessageDelta):
+            chunks: list[Chunk] = []
+            if event.message_id not in self.open_texts:
+                self.open_texts.append(event.message_id)
+                chunks.append({"type": "text-start", "id": event.message_id})
+            chunks.append({"type": "text-delta", "id": event.message_id, "delta": event.delta})
+            return chunks, False
+        if isinstance(event, MessageDone):
+            if event.message_id in self.open_texts:
+                self.open_texts.remove(event.message_id)
+                return [{"type": "text-end", "id": event.message_id}], False
+            if not event.text:
+                return [], False
+            return [{"type": "text-start", "id": event.message_id},
+                    {"type": "text-delta", "id": event.message_id, "delta": event.text},
+                    {"type": "text-end", "id": event.message_id}], False
+        if isinstance(event, ToolCall):
+            return self._tool_call(event, ours)
+        if isinstance(event, ApprovalRequested):
+            chunks = [*self._close_texts(), *self._input(event.call_id, event.name,
+                                                         event.arguments)]
+            self.shown_inputs.add(event.call_id)
+            chunks += [{"type": "tool-approval-request", "approvalId": event.call_id,
+                        "toolCallId": event.call_id},
+                       {"type": "finish", "finishReason": "tool-calls"}]
+            return chunks, True
+        if isinstance(event, ApprovalResolved):
+            return [{"type": "tool-approval-response", "approvalId": event.call_id,
+                     "approved": event.decision == "approve"}], False
+        if isinstance(event, ToolDone):
+            return self._tool_done(event), False
+        if isinstance(event, RunFinished):
+            return self._finished(event), True
+        return [], False
+
+    def _input(self, call_id: str, name: str, arguments: dict[str, Any],
+               server: bool = False) -> list[Chunk]:
+        extra: dict[str, Any] = {"dynamic": True, "providerExecuted": True} if server else {}
+        return [{"type": "tool-input-start", "toolCallId": call_id, "toolName": name, **extra},
+                {"type": "tool-input-delta", "toolCallId": call_id,
+                 "inputTextDelta": orjson.dumps(arguments).decode()}]
+
+    def _tool_call(self, event: ToolCall, ours: bool) -> tuple[list[Chunk], bool]:
+        server = event.executor == "server"
+        if server:
+            self.server_calls.add(event.call_id)
+        chunks = self._close_texts()
+        if event.call_id not in self.shown_inputs:
+            chunks += self._input(event.call_id, event.name, event.arguments, server)
+            self.shown_inputs.add(event.call_id)
+        available: Chunk = {"type": "tool-input-available", "toolCallId": event.call_id,
+                            "toolName": event.name, "input": event.arguments}
+        if server:
+            available.update(dynamic=True, providerExecuted=True)
+        chunks.append(available)
+        if ours:
+            chunks.append({"type": "finish", "finishReason": "tool-calls"})
+        return chunks, ours
+
+    def _tool_done(self, event: ToolDone) -> list[Chunk]:
+        if event.call_id not in self.shown_inputs:
+            return []
+        extra: dict[str, Any] = ({"dynamic": True, "providerExecuted": True}
+                                 if event.call_id in self.server_calls else {})
+        if event.status == "ok":
+            return [{"type": "tool-output-available", "toolCallId": event.call_id,
+                     "output": event.output, **extra}]
+        if event.status == "rejected":
+            return [{"type": "tool-output-denied", "toolCallId": event.call_id}]
+        message = str((event.error or {}).get("message", event.status))
+        return [{"type": "tool-output-error", "toolCallId": event.call_id,
+                 "errorText": f"{event.status}: {message}", **extra}]
+
+    def _finished(self, event: RunFinished) -> list[Chunk]:
+        chunks = self._close_texts()
+        why = f"{event.status}" + (f": {event.reason}" if event.reason else "")
+        if event.status == "completed":
+            return [*chunks, {"type": "finish", "finishReason": "stop"}]
+        if event.status in ("cancelled", "aborted"):
+            return [*chunks, {"type": "abort", "reason": why}]
+        text = f"run {why}" + (f" ({event.error.message})" if event.error else "")
+        return [*chunks, {"type": "error", "errorText": text},
+                {"type": "finish", "finishReason": "error"}]

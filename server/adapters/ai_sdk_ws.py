@@ -1,0 +1,164 @@
+"""`GET /v1/ai-sdk/{document_id}/ws`: the AI SDK 7 `WebSocketChatTransport` protocol.
+
+Client frames: `send` (the chat request of `POST .../chat`, its JWT in
+`headers.authorization` or the connection's `token` query parameter),
+`resume` (replays the chat's active run from its start, skipping up to
+`lastSequence`; `no-active` when there is none) and `abort` (stops the
+request's stream and cancels its run). Server frames: `start`, `chunk`
+(`sequence` from 0 per request), `end`, `error` (`errorText`), `no-active`.
+Each request streams in its own task; frames are written one at a time.
+Bad frames get `error` for their request (or are dropped when they name
+none); the socket stays open.
+"""
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+from starlette.responses import PlainTextResponse
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from protocol.parsing import ParseFailure, decode_frame
+from server.adapters.ai_sdk import KIND, open_segment, parse_request
+from server.adapters.ai_sdk_chunks import Chunk
+from server.adapters.chat import ChatRun, ChatRuns
+from server.adapters.http import DOCUMENT_ID, HttpFailure, principal_for
+from server.backends.base import BackendUnavailable
+from server.services import Services
+
+logger = logging.getLogger("cowrite.adapters")
+
+
+class _Socket:
+    def __init__(self, ws: WebSocket, services: Services, runs: ChatRuns, document_id: str
+                 ) -> None:
+        self.ws, self.services, self.runs, self.document_id = ws, services, runs, document_id
+        self.lock = asyncio.Lock()
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.request_runs: dict[str, ChatRun[Chunk]] = {}
+
+    async def write(self, frame: dict[str, Any]) -> None:
+        async with self.lock:
+            await self.ws.send_text(orjson.dumps(frame).decode())
+
+    def _token(self, frame: dict[str, Any]) -> str | None:
+        headers = frame.get("headers")
+        if isinstance(headers, dict):
+            value = str(headers.get("authorization") or headers.get("Authorization") or "")
+            scheme, _, token = value.partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+        return self.ws.query_params.get("token")
+
+    async def serve(self) -> None:
+        limit = self.services.settings.max_message_bytes
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            text = message.get("text")
+            if text is None or len(text.encode()) > limit:
+                continue  # no request id to answer; WebSocketChatTransport never sends these
+            frame = decode_frame(text, self.services.settings.max_json_depth)
+            if isinstance(frame, ParseFailure):
+                continue
+            request_id = frame.get("requestId")
+            if not isinstance(request_id, str) or not 0 < len(request_id) <= 128:
+                continue
+            kind = frame.get("type")
+            if kind == "abort":
+                await self._abort(request_id)
+            elif kind in ("send", "resume") and request_id not in self.tasks:
+                task = asyncio.get_running_loop().create_task(self._request(request_id, frame))
+                self.tasks[request_id] = task
+                task.add_done_callback(self._forget(request_id))
+            else:
+                await self.write({"type": "error", "requestId": request_id,
+                                  "errorText": f"unknown frame type {str(kind)[:64]!r}"})
+
+    def _forget(self, request_id: str) -> "Callable[[asyncio.Task[None]], None]":
+        def done(_task: "asyncio.Task[None]") -> None:
+            self.tasks.pop(request_id, None)
+        return done
+
+    async def _request(self, request_id: str, frame: dict[str, Any]) -> None:
+        try:
+            principal = principal_for(self.services, self._token(frame), self.document_id,
+                                      write=frame["type"] == "send")
+            if frame["type"] == "send":
+                given = frame.get("body")
+                body: dict[str, Any] = given if isinstance(given, dict) else {}
+                chat = parse_request({**body, **{k: frame[k] for k in (
+                    "id", "messages", "trigger", "messageId") if k in frame}})
+                run, start = await open_segment(self.services, self.runs, self.document_id,
+                                                principal, chat)
+                skip = 0
+            else:
+                chat_id = str(frame.get("id", ""))
+                found = self.runs.get(KIND, self.document_id, chat_id)
+                if found is None or found.link.conn.user_id != principal.user_id:
+                    await self.write({"type": "no-active", "requestId": request_id})
+                    return
+                run, start = found, 0
+                last = frame.get("lastSequence")
+                skip = last + 1 if isinstance(last, int) and last >= 0 else 0
+            self.request_runs[request_id] = run
+            await self.write({"type": "start", "requestId": request_id})
+            await self._pump(request_id, run.follow(start), skip)
+            await self.write({"type": "end", "requestId": request_id})
+        except HttpFailure as failure:
+            await self.write({"type": "error", "requestId": request_id,
+                              "errorText": f"{failure.code.value}: {failure.message}"})
+        except BackendUnavailable:
+            await self.write({"type": "error", "requestId": request_id,
+                              "errorText": "unavailable: the shared backend is unavailable"})
+        finally:
+            self.request_runs.pop(request_id, None)
+
+    async def _pump(self, request_id: str, chunks: AsyncIterator[Chunk], skip: int) -> None:
+        sequence = 0
+        async for chunk in chunks:
+            if sequence >= skip:
+                await self.write({"type": "chunk", "requestId": request_id,
+                                  "sequence": sequence - skip, "chunk": chunk})
+            sequence += 1
+
+    async def _abort(self, request_id: str) -> None:
+        """The transport's abort signal: stop the stream and cancel the run."""
+        run = self.request_runs.pop(request_id, None)
+        task = self.tasks.pop(request_id, None)
+        if task is not None:
+            task.cancel()
+        if run is not None and not run.finished:
+            await run.cancel()
+
+    async def close(self) -> None:
+        for task in list(self.tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+
+async def ai_sdk_socket(ws: WebSocket) -> None:
+    services: Services = ws.app.state.services
+    document_id: str = ws.path_params["document_id"]
+    if not DOCUMENT_ID.fullmatch(document_id):
+        await ws.send_denial_response(PlainTextResponse("unknown document", status_code=404))
+        return
+    origin, allowed = ws.headers.get("origin"), services.settings.allowed_origins
+    if allowed and origin is not None and origin not in allowed:
+        await ws.send_denial_response(PlainTextResponse("origin not allowed", status_code=403))
+        return
+    await ws.accept()
+    socket = _Socket(ws, services, ws.app.state.chat_runs, document_id)
+    try:
+        await socket.serve()
+    except WebSocketDisconnect:
+        pass
+    finally:
+        await socket.close()
+        with contextlib.suppress(Exception):
+            await ws.close()
+

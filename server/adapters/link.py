@@ -1,0 +1,133 @@
+"""An adapter's seat in a document session: a `Connection` without a socket.
+
+The adapters (HTTP tool results, AI SDK, AG-UI) are translations with no run
+logic of their own. Each one attaches a `RunLink` to the document session:
+an ordinary `Connection` whose `Outbound` writer hands every frame (the
+durable events of the document, seq-ordered and gapless, and the acks and
+errors answering this link's messages) to a callback instead of a socket.
+Messages go to the session exactly as the WebSocket endpoint sends them, so
+admission, tokens, limits and the cluster link (a run owned by another
+instance answers through this instance's inbox, to this connection) are the
+engine's, not the adapter's.
+"""
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from protocol.client import ClientMessage, Hello
+from protocol.codes import ErrorCode
+from protocol.server import SERVER_EVENT_ADAPTER, Ack, Error, ServerEvent, Welcome
+from server.auth import Principal
+from server.backends.base import BackendUnavailable
+from server.connection import Connection
+from server.outbound import Outbound
+from server.services import Services
+from server.session import DocumentSession
+
+logger = logging.getLogger("cowrite.adapters")
+REPLY_TIMEOUT_S = 10.0
+
+Answer = Ack | Error
+
+
+class RunLink:
+    """A connection of the adapter to one document session (see module doc)."""
+
+    def __init__(self, services: Services, document_id: str, principal: Principal,
+                 client_id: str, on_event: Callable[[ServerEvent], None] = lambda _e: None
+                 ) -> None:
+        self.services = services
+        self.document_id = document_id
+        self.on_event = on_event
+        self.session: DocumentSession = services.hub.get(document_id)
+        self._waiting: dict[str, asyncio.Future[Answer]] = {}
+        settings = services.settings
+        self.outbound = Outbound(
+            self._receive, max_events=settings.outbound_queue_max, max_bytes=0,
+            user_id=principal.user_id, backfill=self._backfill,
+            on_idle=self.session.on_writer_idle)
+        self.conn = Connection(
+            session_id=f"adapter-{uuid.uuid4().hex}", document_id=document_id,
+            client_id=client_id, principal=principal, outbound=self.outbound,
+            metrics=services.metrics,
+            log_context={"document_id": document_id, "user_id": principal.user_id})
+        self._writer: asyncio.Task[Any] | None = None
+        self.closed = False
+
+    async def _backfill(self, after: int, until: int) -> Any:
+        backend = self.services.backend
+        head = await backend.head(self.document_id)
+        result = await backend.read_after(self.document_id, head.epoch, after, until)
+        return result if isinstance(result, list) else None
+
+    async def _receive(self, frame: str) -> None:
+        """The writer's `send`: parse and route one frame (never blocks)."""
+        try:
+            event = SERVER_EVENT_ADAPTER.validate_python(orjson.loads(frame))
+        except (orjson.JSONDecodeError, ValidationError):
+            logger.warning("adapter link got an unreadable frame", extra=self.conn.log_context)
+            return
+        if isinstance(event, Welcome):
+            return
+        if isinstance(event, (Ack, Error)):
+            waiter = self._waiting.pop(event.reply_to or "", None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(event)
+            return
+        self.on_event(event)
+
+    async def open(self) -> None:
+        """Join the session (live events from now on, no replay) and start the writer."""
+        await self.session.join(self.conn, Hello(type="hello", client_id=self.conn.client_id))
+        self._writer = asyncio.get_running_loop().create_task(self.outbound.run())
+
+    async def ask(self, message: ClientMessage) -> Answer:
+        """Hand `message` (whose `id` must be set) to the session; its ack or error.
+
+        The session answers through this link's writer, in order with the
+        document's events, so the answer arrives after any event it caused."""
+        assert message.id is not None
+        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        self._waiting[message.id] = future
+        try:
+            await self.session.handle(self.conn, message)
+            return await asyncio.wait_for(asyncio.shield(future), REPLY_TIMEOUT_S)
+        except BackendUnavailable:
+            return Error(code=ErrorCode.UNAVAILABLE, message="the shared backend is unavailable; "
+                         "retry shortly", reply_to=message.id, retry_after_ms=1000)
+        except TimeoutError:
+            return Error(code=ErrorCode.UNAVAILABLE, message="no answer from the run in time; "
+                         "retry shortly", reply_to=message.id, retry_after_ms=1000)
+        except Exception:
+            ref = uuid.uuid4().hex[:12]
+            logger.exception("adapter message %s failed (ref %s)", message.type, ref,
+                             extra=self.conn.log_context)
+            return Error(code=ErrorCode.INTERNAL, message=f"internal error (ref {ref})",
+                         reply_to=message.id)
+        finally:
+            self._waiting.pop(message.id, None)
+
+    async def close(self) -> None:
+        """Leave the session; the hub forgets it when nothing else holds it."""
+        if self.closed:
+            return
+        self.closed = True
+        writer = self._writer
+        if writer is not None:
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await writer
+        with contextlib.suppress(Exception):
+            await self.session.detach(self.conn)
+        self.services.hub.release(self.session)
+
+
+def new_message_id() -> str:
+    return uuid.uuid4().hex[:16]

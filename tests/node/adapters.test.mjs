@@ -1,0 +1,208 @@
+// The AI SDK and AG-UI adapters driven by the real `ai` and `@ag-ui/client`
+// packages against a real cowrite server (`.venv/bin/python -m server`, scripted
+// model, COWRITE_DEV=1 for tokens), with a plain `ws` client of the cowrite
+// protocol watching the same document. Run: node --test tests/node/
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { createServer } from "node:net";
+import { fileURLToPath } from "node:url";
+import path from "node:path";
+import WebSocket from "ws";
+import { DefaultChatTransport, WebSocketChatTransport, readUIMessageStream } from "ai";
+import { HttpAgent } from "@ag-ui/client";
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
+let server, base, token;
+
+const freePort = () => new Promise((resolve) => {
+  const probe = createServer().listen(0, "127.0.0.1", () => {
+    const { port } = probe.address();
+    probe.close(() => resolve(port));
+  });
+});
+
+before(async () => {
+  const port = await freePort();
+  server = spawn(path.join(ROOT, ".venv/bin/python"), ["-m", "server"], {
+    cwd: ROOT, stdio: ["ignore", "ignore", "pipe"],
+    env: { ...process.env, COWRITE_DEV: "1", COWRITE_PORT: String(port), COWRITE_LLM: "scripted",
+      COWRITE_LOG_LEVEL: "warning", COWRITE_REDIS_URL: "" },
+  });
+  let exited = null;
+  server.once("exit", (code) => { exited = code; });
+  server.stderr.on("data", (data) => process.stderr.write(data));
+  base = `http://127.0.0.1:${port}`;
+  for (;;) {  // ready once /healthz answers (the printed URL goes to the terminal)
+    if (exited !== null) throw new Error(`server exited ${exited}`);
+    try { if ((await fetch(`${base}/healthz`)).ok) break; } catch { /* not yet */ }
+    await new Promise((resolve) => setTimeout(resolve, 50));  // poll until it listens
+  }
+  const response = await fetch(`${base}/v1/dev/token`, {
+    method: "POST", headers: { "content-type": "application/json" },
+    body: JSON.stringify({ user: "alice" }) });
+  token = (await response.json()).token;
+});
+
+after(() => server?.kill());
+
+const script = (...steps) => JSON.stringify({ script: steps, chunk_chars: 4, delay_ms: 0 });
+const slowScript = (text) => JSON.stringify({ script: [{ say: text }], chunk_chars: 1, delay_ms: 20 });
+const READ = { name: "read_document", description: "Read the document.",
+  parameters: { type: "object", properties: {}, additionalProperties: false } };
+const REPLACE = { name: "replace_document", description: "Replace it.", requires_approval: true,
+  parameters: { type: "object", required: ["text"], properties: { text: { type: "string" } } } };
+const user = (text, id = "u1") => ({ id, role: "user", parts: [{ type: "text", text }] });
+
+/** A cowrite WebSocket client of `doc` that records every event. */
+async function watcher(doc, clientId = "watcher") {
+  const ws = new WebSocket(`${base.replace("http", "ws")}/v1/documents/${doc}/ws`);
+  const events = [];
+  const waiters = [];
+  ws.on("message", (data) => {
+    const event = JSON.parse(String(data));
+    events.push(event);
+    for (const w of [...waiters]) if (w.match(event)) { waiters.splice(waiters.indexOf(w), 1); w.resolve(event); }
+  });
+  await new Promise((resolve) => ws.once("open", resolve));
+  const next = (match) => {
+    const found = events.find(match);
+    return found ? Promise.resolve(found) : new Promise((resolve) => waiters.push({ match, resolve }));
+  };
+  ws.send(JSON.stringify({ type: "hello", protocol: 1, client_id: clientId, token }));
+  await next((e) => e.type === "welcome");
+  return { ws, events, next, send: (m) => ws.send(JSON.stringify(m)) };
+}
+
+async function last(stream, message) {
+  let final;
+  for await (const snapshot of readUIMessageStream({ stream, message })) final = snapshot;
+  return final;
+}
+
+test("DefaultChatTransport: a client tool answered by the frontend continues the same run", async () => {
+  const doc = "node-ai-1";
+  const watch = await watcher(doc);
+  const transport = new DefaultChatTransport({
+    api: `${base}/v1/ai-sdk/${doc}/chat`, headers: { authorization: `Bearer ${token}` },
+    body: { tools: [READ] } });
+  const prompt = user(script({ say: "Reading.", tool_calls: [{ name: "read_document", arguments: {} }] },
+    { say: "It says hi." }));
+  const first = await last(await transport.sendMessages({
+    chatId: "chat-a", messages: [prompt], trigger: "submit-message", messageId: undefined,
+    abortSignal: undefined }));
+  const part = first.parts.find((p) => p.type === "tool-read_document");
+  assert.equal(part.state, "input-available");
+  part.state = "output-available";
+  part.output = { text: "hi" };
+  const second = await last(await transport.sendMessages({
+    chatId: "chat-a", messages: [prompt, first], trigger: "submit-message", messageId: undefined,
+    abortSignal: undefined }), first);
+  const text = second.parts.filter((p) => p.type === "text").map((p) => p.text);
+  assert.deepEqual(text, ["Reading.", "It says hi."]);
+  const finished = await watch.next((e) => e.type === "run.finished");
+  assert.equal(finished.status, "completed");
+  assert.equal(watch.events.filter((e) => e.type === "run.started").length, 1);
+  assert.deepEqual(watch.events.find((e) => e.type === "tool.done").output, { text: "hi" });
+  watch.ws.close();
+});
+
+test("DefaultChatTransport: an approval, then reconnectToStream mid-run replays it", async () => {
+  const doc = "node-ai-2";
+  const transport = new DefaultChatTransport({
+    api: `${base}/v1/ai-sdk/${doc}/chat`, headers: { authorization: `Bearer ${token}` },
+    body: { tools: [REPLACE] } });
+  const prompt = user(script({ tool_calls: [{ name: "replace_document", arguments: { text: "New" } }] },
+    { say: "Replaced the whole text." }));
+  const asked = await last(await transport.sendMessages({
+    chatId: "chat-b", messages: [prompt], trigger: "submit-message", abortSignal: undefined }));
+  const part = asked.parts.find((p) => p.type === "tool-replace_document");
+  assert.equal(part.state, "approval-requested");
+  part.state = "approval-responded";
+  part.approval = { id: part.approval.id, approved: true };
+  const approved = await last(await transport.sendMessages({
+    chatId: "chat-b", messages: [prompt, asked], trigger: "submit-message", abortSignal: undefined }),
+    asked);
+  const call = approved.parts.find((p) => p.type === "tool-replace_document");
+  assert.equal(call.state, "input-available");  // approved: now the client runs it
+  // While the run waits on the client, a reconnect replays the whole message.
+  const replay = await transport.reconnectToStream({ chatId: "chat-b" });
+  assert.ok(replay);
+  const replayed = await last(replay);
+  assert.equal(replayed.parts.find((p) => p.type === "tool-replace_document").input.text, "New");
+  call.state = "output-available";
+  call.output = "replaced";
+  const done = await last(await transport.sendMessages({
+    chatId: "chat-b", messages: [prompt, approved], trigger: "submit-message", abortSignal: undefined }),
+    approved);
+  assert.equal(done.parts.at(-1).text, "Replaced the whole text.");
+  assert.equal(await transport.reconnectToStream({ chatId: "chat-b" }), null);  // 204: none active
+});
+
+test("WebSocketChatTransport: streams, and the abort signal cancels the run", async () => {
+  const doc = "node-ai-3";
+  const watch = await watcher(doc);
+  const transport = new WebSocketChatTransport({
+    url: `${base}/v1/ai-sdk/${doc}/ws`, webSocket: WebSocket,
+    headers: { authorization: `Bearer ${token}` } });
+  const quick = await last(await transport.sendMessages({
+    chatId: "chat-c", messages: [user(script({ say: "Hello there." }))], trigger: "submit-message",
+    abortSignal: undefined }));
+  assert.equal(quick.parts.find((p) => p.type === "text").text, "Hello there.");
+
+  const controller = new AbortController();
+  const stream = await transport.sendMessages({
+    chatId: "chat-c", messages: [user(slowScript("a long answer that takes a while"))],
+    trigger: "submit-message", abortSignal: controller.signal });
+  const reader = stream.getReader();
+  for (;;) {  // wait until text streams, then abort
+    const { value } = await reader.read();
+    if (value.type === "text-delta") break;
+  }
+  const running = await watch.next((e) => e.type === "run.started" && e.prompt.includes("long answer"));
+  controller.abort();
+  const finished = await watch.next((e) => e.type === "run.finished" && e.run_id === running.run_id);
+  assert.deepEqual([finished.status, finished.reason], ["cancelled", "user_cancelled"]);
+  transport.close();
+  watch.ws.close();
+});
+
+test("an editor's change from a WebSocket client aborts an AI SDK run", async () => {
+  const doc = "node-ai-4";
+  const editor = await watcher(doc, "editor-tab");
+  const transport = new WebSocketChatTransport({
+    url: `${base}/v1/ai-sdk/${doc}/ws`, webSocket: WebSocket, params: { token } });
+  const stream = await transport.sendMessages({
+    chatId: "chat-d", messages: [user(slowScript("this will be interrupted by typing"))],
+    trigger: "submit-message", abortSignal: undefined });
+  const chunks = [];
+  const reading = (async () => { for await (const chunk of stream) chunks.push(chunk); })();
+  await editor.next((e) => e.type === "message.delta");
+  editor.send({ type: "editor.change", origin: "user" });
+  await reading;
+  assert.deepEqual(chunks.at(-1), { type: "abort", reason: "aborted: document_changed" });
+  transport.close();
+  editor.ws.close();
+});
+
+test("AG-UI HttpAgent: a frontend tool continues the same cowrite run", async () => {
+  const doc = "node-agui-1";
+  const watch = await watcher(doc);
+  const agent = new HttpAgent({ url: `${base}/v1/agui/${doc}`, threadId: "thread-1",
+    headers: { authorization: `Bearer ${token}` } });
+  agent.addMessage({ id: "m1", role: "user",
+    content: script({ say: "Let me read.", tool_calls: [{ name: "read_document", arguments: {} }] },
+      { say: "Done reading." }) });
+  const tools = [{ name: READ.name, description: READ.description, parameters: READ.parameters }];
+  await agent.runAgent({ runId: "agui-node-1", tools });
+  const assistant = agent.messages.find((m) => m.role === "assistant" && m.toolCalls?.length);
+  const callId = assistant.toolCalls[0].id;
+  assert.equal(assistant.toolCalls[0].function.name, "read_document");
+  agent.addMessage({ id: "m3", role: "tool", toolCallId: callId, content: JSON.stringify({ text: "doc" }) });
+  await agent.runAgent({ runId: "agui-node-2", tools });
+  const texts = agent.messages.filter((m) => m.role === "assistant" && m.content).map((m) => m.content);
+  assert.deepEqual(texts, ["Let me read.", "Done reading."]);
+  const finished = await watch.next((e) => e.type === "run.finished");
+  assert.deepEqual([finished.run_id, finished.status], ["agui-node-1", "completed"]);
+  watch.ws.close();
+});

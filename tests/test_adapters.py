@@ -1,0 +1,173 @@
+"""AI SDK and AG-UI endpoints over a real server, watched by a WebSocket client
+of the same document: adapter runs are ordinary runs."""
+
+from typing import Any
+
+import httpx
+import orjson
+
+from tests.harness import Server, joined, token
+from tests.runs import READ, REPLACE_DOC, call, script
+
+AUTH = {"Authorization": f"Bearer {token('alice')}"}
+
+
+async def _sse(http: httpx.AsyncClient, method: str, url: str, body: Any = None
+               ) -> tuple[int, list[Any]]:
+    items: list[Any] = []
+    async with http.stream(method, url, headers=AUTH, json=body, timeout=10) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return response.status_code, [response.json()] if response.content else []
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                data = line[len("data: "):]
+                items.append(data if data == "[DONE]" else orjson.loads(data))
+    return 200, items
+
+
+def _user(text: str) -> dict[str, Any]:
+    return {"id": "u1", "role": "user", "parts": [{"type": "text", "text": text}]}
+
+
+async def test_ai_sdk_client_tool_continues_the_same_run(server: Server) -> None:
+    prompt = script({"say": "Reading.", "tool_calls": [call("read_document")]},
+                    {"say": "Read it."})
+    url = f"{server.http}/v1/ai-sdk/doc-1/chat"
+    async with joined(server, sub="bob", client_id="watcher") as (watcher, _), \
+            httpx.AsyncClient() as http:
+        status, chunks = await _sse(http, "POST", url, {
+            "id": "chat1", "messages": [_user(prompt)], "trigger": "submit-message",
+            "tools": [READ]})
+        assert status == 200 and chunks[-1] == "[DONE]"
+        types = [c["type"] for c in chunks[:-1]]
+        assert types[0] == "start" and types[-2:] == ["tool-input-available", "finish"]
+        text = "".join(c["delta"] for c in chunks[:-1] if c["type"] == "text-delta")
+        assert text == "Reading."
+        tool = chunks[-3]
+        assert tool["toolName"] == "read_document" and "token" not in orjson.dumps(chunks).decode()
+        started = await watcher.recv_until("run.started")
+        assert started["client_id"] == "ai-sdk:chat1"
+
+        assistant = {"id": chunks[0]["messageId"], "role": "assistant", "parts": [
+            {"type": "tool-read_document", "toolCallId": tool["toolCallId"],
+             "state": "output-available", "input": {}, "output": {"text": "hi"}}]}
+        status, rest = await _sse(http, "POST", url, {
+            "id": "chat1", "messages": [_user(prompt), assistant], "tools": [READ]})
+        assert status == 200
+        assert [c["type"] for c in rest[:-1]][-1] == "finish"
+        assert rest[-2] == {"type": "finish", "finishReason": "stop"}
+        assert "Read it." == "".join(c["delta"] for c in rest if isinstance(c, dict)
+                                     and c["type"] == "text-delta")
+        finished = await watcher.recv_until("run.finished")
+        assert finished["run_id"] == started["run_id"] and finished["status"] == "completed"
+        assert len([e for e in watcher.events if e.get("type") == "run.started"]) == 1
+
+        replayed = await http.get(f"{url}/chat1/stream", headers=AUTH)
+        assert replayed.status_code == 204
+        again = await _sse(http, "POST", url, {"id": "chat1",
+                                               "messages": [_user(prompt), assistant]})
+        assert again[0] == 409 and again[1][0]["code"] == "call_not_pending"
+
+
+async def test_ai_sdk_approval_and_edit_abort(server: Server) -> None:
+    prompt = script({"tool_calls": [call("replace_document", text="New")]}, {"say": "Ok."})
+    url = f"{server.http}/v1/ai-sdk/doc-2/chat"
+    async with joined(server, "doc-2", client_id="editor") as (editor, _), \
+            httpx.AsyncClient() as http:
+        _, chunks = await _sse(http, "POST", url, {
+            "id": "c2", "messages": [_user(prompt)], "tools": [REPLACE_DOC]})
+        request = next(c for c in chunks if c != "[DONE]" and c["type"] == "tool-approval-request")
+        assert not any(c != "[DONE]" and c["type"] == "tool-input-available" for c in chunks)
+        assistant = {"id": "a", "role": "assistant", "parts": [
+            {"type": "tool-replace_document", "toolCallId": request["toolCallId"],
+             "state": "approval-responded", "input": {"text": "New"},
+             "approval": {"id": request["approvalId"], "approved": True}}]}
+        _, after = await _sse(http, "POST", url, {
+            "id": "c2", "messages": [_user(prompt), assistant], "tools": [REPLACE_DOC]})
+        kinds = [c["type"] for c in after[:-1]]
+        assert kinds == ["start", "tool-approval-response", "tool-input-available", "finish"]
+        resolved = await editor.recv_until("approval.resolved")
+        assert resolved["user_id"] == "alice"
+        # The run now waits on the AI SDK client; a user's edit elsewhere aborts it.
+        await editor.send({"type": "editor.change", "origin": "user"})
+        finished = await editor.recv_until("run.finished")
+        assert (finished["status"], finished["reason"]) == ("aborted", "document_changed")
+        gone = await http.get(f"{url}/c2/stream", headers=AUTH)
+        assert gone.status_code == 204
+
+
+async def test_ai_sdk_reconnect_replays_and_cancel_from_websocket(server: Server) -> None:
+    slow = script({"say": "x" * 40}, chunk_chars=1, delay_ms=30)
+    url = f"{server.http}/v1/ai-sdk/doc-3/chat"
+    async with joined(server, "doc-3", client_id="tab") as (tab, _), httpx.AsyncClient() as http:
+        async with http.stream("POST", url, headers=AUTH, json={
+                "id": "c3", "messages": [_user(slow)]}, timeout=10) as first:
+            assert first.headers["x-vercel-ai-ui-message-stream"] == "v1"
+            lines = first.aiter_lines()
+            async for line in lines:
+                if '"text-delta"' in line:
+                    break
+            # A second reader (reconnectToStream) gets the whole stream from `start`.
+            async with http.stream("GET", f"{url}/c3/stream", headers=AUTH,
+                                   timeout=10) as resumed:
+                assert resumed.status_code == 200
+                seen: list[dict[str, Any]] = []
+                async for line in resumed.aiter_lines():
+                    if line.startswith("data: {"):
+                        seen.append(orjson.loads(line[6:]))
+                        if len(seen) == 3:
+                            break
+                assert [c["type"] for c in seen] == ["start", "text-start", "text-delta"]
+            started = await tab.recv_until("run.started")
+            await tab.send({"type": "run.cancel", "run_id": started["run_id"]})
+            rest = [line async for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]"
+        assert orjson.loads(rest[-2][6:]) == {"type": "abort",
+                                              "reason": "cancelled: user_cancelled"}
+
+
+async def test_ai_sdk_refusals(server: Server) -> None:
+    url = f"{server.http}/v1/ai-sdk/doc-4/chat"
+    async with httpx.AsyncClient() as http:
+        no_auth = await http.post(url, json={"id": "c", "messages": [_user("hi")]})
+        assert no_auth.status_code == 401
+        bad = await http.post(url, headers=AUTH, json={"id": "c", "messages": []})
+        assert bad.status_code == 400 and bad.json()["code"] == "invalid_message"
+        bad_tools = await http.post(url, headers=AUTH, json={
+            "id": "c", "messages": [_user("hi")], "tools": [{"name": "bad name"}]})
+        assert bad_tools.status_code == 400
+
+
+async def test_agui_frontend_tool_and_finish(server: Server) -> None:
+    prompt = script({"say": "Reading.", "tool_calls": [call("read_document")]}, {"say": "Fine."})
+    url = f"{server.http}/v1/agui/doc-5"
+    base = {"threadId": "t1", "state": {"mood": "ok"}, "context": [],
+            "tools": [{"name": "read_document", "description": "Read.",
+                       "parameters": READ["parameters"]}], "forwardedProps": {}}
+    user = {"id": "m1", "role": "user", "content": prompt}
+    async with joined(server, "doc-5", client_id="w") as (watcher, _), \
+            httpx.AsyncClient() as http:
+        _, events = await _sse(http, "POST", url, {**base, "runId": "agui-run-1",
+                                                   "messages": [user]})
+        kinds = [e["type"] for e in events]
+        assert kinds[0] == "RUN_STARTED" and kinds[-1] == "RUN_FINISHED"
+        assert kinds[-4:-1] == ["TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END"]
+        call_id = events[-2]["toolCallId"]
+        assert events[-1]["outcome"] == {"type": "success", "pendingToolCallIds": [call_id]}
+        started = await watcher.recv_until("run.started")
+        assert started["run_id"] == "agui-run-1"
+
+        messages = [user, {"id": "m2", "role": "assistant", "toolCalls": [
+            {"id": call_id, "type": "function",
+             "function": {"name": "read_document", "arguments": "{}"}}]},
+            {"id": "m3", "role": "tool", "toolCallId": call_id, "content": '{"text": "doc"}'}]
+        _, rest = await _sse(http, "POST", url, {**base, "runId": "agui-run-2",
+                                                 "messages": messages})
+        assert [e["type"] for e in rest] == [
+            "RUN_STARTED", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_CONTENT",
+            "TEXT_MESSAGE_END", "RUN_FINISHED"]
+        assert rest[0]["runId"] == "agui-run-2" and rest[-1]["runId"] == "agui-run-2"
+        done = await watcher.recv_until("tool.done")
+        assert done["output"] == {"text": "doc"}
+        assert (await watcher.recv_until("run.finished"))["run_id"] == "agui-run-1"
