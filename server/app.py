@@ -24,6 +24,7 @@ from protocol.server import Limits
 from server.agent.coordinator import RunCoordinator
 from server.agent.environment import RunEnvironment
 from server.agent.factory import make_llm
+from server.agent.llm import Warmable
 from server.agent.machine import RunMachine
 from server.agent.remote import RunRouter
 from server.agent.steps import MachineConfig
@@ -206,6 +207,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
             metrics_task = asyncio.create_task(metrics_server.serve())
             await metrics_server.wait_started(metrics_task)
         await tools.start()
+        llm = services.runs.llm
+        if isinstance(llm, Warmable) and settings.openai_warmup_timeout_s > 0:
+            await llm.warm(settings.openai_warmup_timeout_s)  # no cold start for run one
         try:
             yield
         finally:

@@ -61,6 +61,7 @@ class Settings(BaseSettings):
         default=None, validation_alias=AliasChoices("OPENAI_API_KEY", "COWRITE_OPENAI_API_KEY")
     )
     openai_base_url: str | None = None
+    openai_warmup_timeout_s: float = Field(default=3.0, ge=0)  # 0: no warm-up at start
     tool_format: Literal["native", "json"] = "native"
     system_prompt: str = (
         "You are cowrite, an assistant that co-writes a document with its authors. "

@@ -9,9 +9,11 @@ anything about the run.
 """
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
+import weakref
 from typing import Any
 
 import orjson
@@ -29,7 +31,7 @@ from server.agent.steps import (
     RunServerTool,
     ServerToolFinished,
 )
-from server.agent.tools import ToolBox
+from server.agent.tools import ServerTool, ToolBox
 from server.ports import EventLog
 
 logger = logging.getLogger("cowrite.agent")
@@ -44,6 +46,32 @@ def new_ref() -> str:
     return uuid.uuid4().hex[:12]
 
 
+# A run's tool list for the model, built once per run (its ToolBox) instead of once
+# per model turn: a server tool's JSON Schema comes from pydantic, which costs
+# more than the rest of a tool round trip.
+_offered: "weakref.WeakKeyDictionary[ToolBox, list[dict[str, Any]]]" = \
+    weakref.WeakKeyDictionary()
+
+
+@functools.lru_cache(maxsize=256)
+def _server_tool_entry(tool: ServerTool) -> dict[str, Any]:
+    return {"type": "function", "function": {
+        "name": tool.name, "description": tool.description, "parameters": tool.parameters}}
+
+
+def offered_tools(toolbox: ToolBox) -> list[dict[str, Any]]:
+    """`toolbox.openai_tools()`, computed once per toolbox (the same list each turn;
+    nobody mutates it)."""
+    tools = _offered.get(toolbox)
+    if tools is None:
+        tools = [{"type": "function", "function": {
+            "name": t.name, "description": t.description, "parameters": t.parameters}}
+            for t in toolbox.client.values()]
+        tools += [_server_tool_entry(t) for t in toolbox.server.values()]
+        _offered[toolbox] = tools
+    return tools
+
+
 def _extra(state: RunState) -> dict[str, Any]:
     return {"run_id": state.run_id, "document_id": state.document_id}
 
@@ -53,7 +81,7 @@ async def model_turn(state: RunState, llm: LLM, log: EventLog, toolbox: ToolBox,
     """Call the model once; `parts` collects the streamed text (for an interrupted end)."""
     request = ModelRequest(
         messages=list(state.messages),
-        tools=toolbox.openai_tools() if state.mode == "agent" and not state.json_tools else [],
+        tools=offered_tools(toolbox) if state.mode == "agent" and not state.json_tools else [],
         model=state.model, run_id=state.run_id, step=state.step - 1, prompt=state.prompt,
         context=state.context, client_tools=list(state.client_tools),
         tool_results=list(state.tool_results))
