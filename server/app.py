@@ -21,6 +21,7 @@ from starlette.staticfiles import StaticFiles
 
 from protocol.schema import build_schema
 from protocol.server import Limits
+from server import tracing
 from server.agent.coordinator import RunCoordinator
 from server.agent.environment import RunEnvironment
 from server.agent.factory import make_llm
@@ -112,6 +113,7 @@ def _json(data: Any, status_code: int = 200) -> Response:
 def create_app(settings: Settings | None = None) -> Starlette:
     settings = settings or Settings()
     configure_logging(settings.json_logs, settings.log_level)
+    tracing.configure(settings)
     services = build_services(settings)
     tools: ToolCatalog = build_catalog(settings)  # ConfigError: refuse to start
     schema = orjson.dumps(build_schema())

@@ -53,6 +53,12 @@ class Settings(BaseSettings):
     rate_messages_per_s: float = 200.0
     rate_runs_per_min: int = 120
 
+    # Tracing (optional extra `otel`): a span per run, children per model call,
+    # tool round trip and approval wait
+    otel: bool = False
+    otel_exporter: Literal["otlp", "console", "none"] = "otlp"
+    otel_capture_text: bool = False  # put the prompt on the run span
+
     # Agent runs (section 6)
     llm: Literal["scripted", "openai"] | None = None
     model: str = "gpt-4o-mini"
