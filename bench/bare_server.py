@@ -2,9 +2,14 @@
 
 `/stream`: the client sends {"n": N, "size": S}; the server sends N JSON
 frames of about S bytes. `/echo`: every frame is sent straight back.
+`/abortable`: like a cowrite document, a `run.start` starts a stream of
+`message.delta` frames (8 characters every 5 ms); any other frame stops it
+and is answered `run.finished` (the bare cost of an abort).
 `/healthz` for readiness. No cowrite code runs here.
 """
 
+import asyncio
+import contextlib
 import os
 
 import orjson
@@ -21,7 +26,15 @@ async def stream(ws: WebSocket) -> None:
     try:
         while True:
             command = orjson.loads(await ws.receive_text())
-            n, size = int(command["n"]), int(command["size"])
+            n, size = int(command["n"]), int(command.get("size", 0))
+            if "delta" in command:  # frames shaped like cowrite's deltas, this text each
+                delta = str(command["delta"])
+                for i in range(n):
+                    await ws.send_text(orjson.dumps({
+                        "type": "message.delta", "run_id": "run_0123456789abcdef",
+                        "message_id": "msg_0123456789abcdef", "delta": delta, "seq": i + 1,
+                        "ts": 1_700_000_000_000}).decode())
+                continue
             for i in range(n):
                 frame = orjson.dumps({"type": "message.delta", "seq": i, "run_id": "r",
                                       "message_id": "m", "ts": 0, "delta": ""})
@@ -42,12 +55,44 @@ async def echo(ws: WebSocket) -> None:
         pass
 
 
+async def _deltas(ws: WebSocket) -> None:
+    seq = 0
+    while True:
+        await asyncio.sleep(0.005)
+        seq += 1
+        await ws.send_text(orjson.dumps({"type": "message.delta", "seq": seq, "run_id": "r",
+                                         "message_id": "m", "ts": 0,
+                                         "delta": "lorem ip"}).decode())
+
+
+async def abortable(ws: WebSocket) -> None:
+    await ws.accept()
+    streaming: asyncio.Task[None] | None = None
+    try:
+        while True:
+            message = orjson.loads(await ws.receive_text())
+            if message.get("type") == "run.start":
+                streaming = asyncio.create_task(_deltas(ws))
+            elif streaming is not None:
+                streaming.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await streaming
+                streaming = None
+                await ws.send_text('{"type":"run.finished","status":"aborted"}')
+    except WebSocketDisconnect:
+        pass
+    finally:
+        if streaming is not None:
+            streaming.cancel()
+
+
 async def healthz(_: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
 app = Starlette(routes=[Route("/healthz", healthz), WebSocketRoute("/stream", stream),
-                        WebSocketRoute("/echo", echo)])
+                        WebSocketRoute("/echo", echo),
+                        WebSocketRoute("/abortable", abortable)])
 
 if __name__ == "__main__":
     uvicorn.run(app, host="127.0.0.1", port=int(os.environ["COWRITE_PORT"]), log_level="warning",

@@ -21,6 +21,23 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+SERVER_CORE, CLIENT_CORE = 0, 1
+
+
+def pin(pid: int, core: int) -> bool:
+    """Pin `pid` (0: this process) to one core, when the OS allows it and the core
+    exists: servers on core 0 and the client on core 1, so they do not steal each
+    other's time slices and the figures compare like with like."""
+    setter = getattr(os, "sched_setaffinity", None)
+    if setter is None or (os.cpu_count() or 1) < 2:
+        return False
+    try:
+        setter(pid, {core})
+    except OSError:
+        return False
+    return True
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -55,11 +72,13 @@ async def server_process(kind: str, **env: str) -> AsyncIterator[Proc]:
                    "COWRITE_RATE_RUNS_PER_MIN": "0", "COWRITE_MAX_CONNECTIONS_PER_USER": "0",
                    "COWRITE_MAX_STEPS": "100000",
                    **env}
-    module = {"cowrite": "server", "bare": "bench.bare_server", "sse": "bench.sse_server"}[kind]
+    module = {"cowrite": "server", "bare": "bench.bare_server", "sse": "bench.sse_server",
+              "upstream": "bench.upstream"}[kind]
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", module, env=environment,
         stdout=subprocess.DEVNULL,
         stderr=None if os.environ.get("BENCH_SERVER_LOGS") else subprocess.DEVNULL)
+    pin(process.pid, SERVER_CORE)
     proc = Proc(process, port)
     try:
         async with httpx.AsyncClient() as http:

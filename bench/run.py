@@ -1,17 +1,24 @@
-"""`make bench` / `python -m bench.run`: run the benchmarks, print the table,
-and rewrite README's benchmark table (between the bench markers)."""
+"""`make bench` / `python -m bench.run`: measure issue 16's figures (`bench.issue`),
+cowrite beside the bare app in one invocation, print the table and rewrite
+README's benchmark table (between the bench markers). `--extended` adds the
+older suites (Redis, SSE, load scenarios, memory at the edges), a few minutes more."""
 
 import argparse
 import asyncio
+import os
 import platform
 import resource
 import time
 from pathlib import Path
+from typing import Any
 
-from bench import edges, runs, scale, scenarios, transport
+from bench import edges, issue, runs, scale, scenarios, transport
+from bench.common import CLIENT_CORE, pin
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+EXT_START, EXT_END = "<!-- bench-extended:start -->", "<!-- bench-extended:end -->"
+pinned = False
 
 
 def table(t: dict[str, float], r: dict[str, float], s: dict[str, float], concurrent: int) -> str:
@@ -65,14 +72,35 @@ def table(t: dict[str, float], r: dict[str, float], s: dict[str, float], concurr
     return "\n".join(lines)
 
 
-def rewrite_readme(text: str) -> None:
+def rewrite_readme(text: str, start: str = START, end: str = END) -> None:
     readme = README.read_text()
-    head, _, rest = readme.partition(START)
-    _, _, tail = rest.partition(END)
-    README.write_text(f"{head}{START}\n{text}\n{END}{tail}")
+    head, _, rest = readme.partition(start)
+    _, _, tail = rest.partition(end)
+    README.write_text(f"{head}{start}\n{text}\n{end}{tail}")
 
 
-async def main_async(quick: bool, write: bool) -> None:
+def issue_text(m: dict[str, Any]) -> str:
+    return issue.table(m) + (
+        f"\n\nMeasured {time.strftime('%Y-%m-%d')} with `make bench` (`python -m bench.run`) "
+        f"on {platform.machine()}, Python {platform.python_version()}, "
+        f"{os.cpu_count()} cores shared with other work; servers pinned to core 0 and the "
+        f"client to core 1 ({'pinned' if m['pinned'] else 'pinning unavailable'}). Both "
+        "columns come from the same invocation.")
+
+
+async def main_async(quick: bool, write: bool, extended: bool) -> None:
+    m = await issue.measure(quick)
+    m["pinned"] = pinned
+    text = issue_text(m)
+    print(text)
+    if write:
+        rewrite_readme(text)
+        print(f"\nrewrote the benchmark table in {README}")
+    if extended:
+        await extended_async(quick, write)
+
+
+async def extended_async(quick: bool, write: bool) -> None:
     concurrent = 50 if quick else 200
     t = await transport.measure(deltas=3000 if quick else 20_000,
                                 connections=200 if quick else 1000)
@@ -86,19 +114,24 @@ async def main_async(quick: bool, write: bool) -> None:
     edges_text = edges.table(await edges.measure(quick))
     print("\n" + edges_text)
     if write:
-        rewrite_readme(text)
+        rewrite_readme(text, EXT_START, EXT_END)
         edges.rewrite_readme(edges_text)
-        print(f"\nrewrote the benchmark tables in {README}")
+        print(f"\nrewrote the extended benchmark tables in {README}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller runs, for a smoke test")
     parser.add_argument("--no-readme", action="store_true", help="print only")
+    parser.add_argument("--extended", action="store_true",
+                        help="also the older suites: Redis, SSE, load scenarios, memory edges")
     args = parser.parse_args()
+    global pinned
+    pinned = pin(0, CLIENT_CORE)
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    asyncio.run(main_async(args.quick, write=not args.no_readme and not args.quick))
+    asyncio.run(main_async(args.quick, write=not args.no_readme and not args.quick,
+                           extended=args.extended))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from starlette.staticfiles import StaticFiles
 from protocol.base import DEFAULT_THREAD, THREAD_ID_PATTERN
 from protocol.schema import build_schema
 from protocol.server import Limits
+from server import tracing
 from server.adapters.agui import post_agui
 from server.adapters.ai_sdk import get_chat_stream, post_chat
 from server.adapters.ai_sdk_ws import ai_sdk_socket
@@ -32,6 +33,7 @@ from server.agent.coordinator import RunCoordinator
 from server.agent.environment import RunEnvironment
 from server.agent.factory import make_llm
 from server.agent.history import thread_of, threads
+from server.agent.llm import Warmable
 from server.agent.machine import RunMachine
 from server.agent.remote import RunRouter
 from server.agent.steps import MachineConfig
@@ -120,6 +122,7 @@ def _json(data: Any, status_code: int = 200) -> Response:
 def create_app(settings: Settings | None = None) -> Starlette:
     settings = settings or Settings()
     configure_logging(settings.json_logs, settings.log_level)
+    tracing.configure(settings)
     tools: ToolCatalog = build_catalog(settings)  # ConfigError: refuse to start
     services = build_services(settings, tools)
     schema = orjson.dumps(build_schema())
@@ -234,6 +237,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
             metrics_task = asyncio.create_task(metrics_server.serve())
             await metrics_server.wait_started(metrics_task)
         await tools.start()
+        llm = services.runs.llm
+        if isinstance(llm, Warmable) and settings.openai_warmup_timeout_s > 0:
+            await llm.warm(settings.openai_warmup_timeout_s)  # no cold start for run one
         try:
             yield
         finally:

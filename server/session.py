@@ -3,8 +3,10 @@
 It receives every durable event of its document from the backend and hands
 it to each connection's writer; it routes parsed client messages to the run
 coordinator; it publishes events, merging consecutive `message.delta`s of a
-message only while some connection of the document has a send pending
-(PROTOCOL.md section 3), so an idle document gets every delta at once.
+message before they are logged (PROTOCOL.md section 3: one event live and on
+replay) while the stream is saturated: deltas arriving back to back (faster
+than the writers get to run), or a connection with a send pending. A delta
+after a quiet gap is logged at once, so an idle document is never held back.
 """
 
 import asyncio
@@ -34,6 +36,12 @@ logger = logging.getLogger("cowrite.session")
 
 COALESCE_MAX_CHARS = 4096
 GROUP_RETRY_S = 3.0
+# Deltas of one message less than HOT_S apart arrive faster than a loop iteration
+# or two: the stream is "hot" and its text is merged while it keeps coming, for up
+# to HOT_SPINS loop iterations. A delta after a quieter gap is logged at once, so a
+# paced stream (or a model's first token) is never held back.
+HOT_S = 0.0005
+HOT_SPINS = 64
 
 
 class _PendingDelta:
@@ -67,6 +75,7 @@ class DocumentSession:
         self.connections: dict[str, Connection] = {}
         self._subscribed = False
         self._pending: _PendingDelta | None = None
+        self._last_delta_at = 0.0
         self._publish_lock = asyncio.Lock()
         self._flush_tasks: set[asyncio.Task[None]] = set()
         self.runs = make_runs(self)
@@ -215,19 +224,27 @@ class DocumentSession:
                 await asyncio.sleep(0.05)
 
     async def publish_delta(self, run_id: str, message_id: str, delta: str) -> None:
-        """The hot path: no model object per delta; merging while a connection is
-        backed up, or (remote backend) while the previous append is in flight."""
-        if self._hold_delta(run_id, message_id, delta):
-            return
-        if self.backend.remote:
-            pending = self._pending
-            if pending is not None and (pending.message_id, pending.run_id) != (message_id, run_id):
-                await self.flush()
-                pending = None
-            if pending is None:
-                pending = self._pending = _PendingDelta(run_id, message_id)
+        """The hot path: no model object per delta. A delta is logged at once when
+        the document is quiet; it is held and merged with the next ones (before
+        logging, so live and replay see the same events) while deltas arrive back
+        to back (`HOT_S`: the producer outpaces the event loop), while a connection
+        is backed up, or (remote backend) while the previous append is in flight."""
+        pending = self._pending
+        if pending is not None:
+            if pending.message_id == message_id and pending.run_id == run_id:
+                pending.parts.append(delta)
+                pending.size += len(delta)
+                self._last_delta_at = time.monotonic()
+                if pending.size >= COALESCE_MAX_CHARS or self.backend.remote:
+                    self._schedule_flush()
+                return
+            await self.flush()  # another message's text goes first
+        now = time.monotonic()
+        hot, self._last_delta_at = now - self._last_delta_at < HOT_S, now
+        if hot or self.backend.remote or self._backlogged():
+            pending = self._pending = _PendingDelta(run_id, message_id)
             pending.parts.append(delta)
-            pending.size += len(delta)
+            pending.size = len(delta)
             self._schedule_flush()
             return
         async with self._publish_lock:
@@ -236,29 +253,31 @@ class DocumentSession:
                 "type": "message.delta", "run_id": run_id, "message_id": message_id,
                 "delta": delta})
 
-    def _hold_delta(self, run_id: str, message_id: str, delta: str) -> bool:
-        pending = self._pending
-        if pending is not None and (pending.message_id != message_id or pending.run_id != run_id):
-            return False  # publish_delta() flushes the other message first
-        if not self._backlogged():
-            return False
-        if pending is None:
-            pending = self._pending = _PendingDelta(run_id, message_id)
-        pending.parts.append(delta)
-        pending.size += len(delta)
-        if pending.size >= COALESCE_MAX_CHARS:
-            self._schedule_flush()
-        return True
-
     async def flush(self) -> None:
         async with self._publish_lock:
             await self._flush_locked()
 
     async def _flush_until_empty(self) -> None:
-        while self._pending is not None and not (
-            self._backlogged() and self._pending.size < COALESCE_MAX_CHARS
-        ):
+        """Log the held text once it stops growing: yield to the loop while the
+        producer keeps adding (at most `HOT_SPINS` times, `COALESCE_MAX_CHARS`
+        characters), and leave it to `on_writer_idle` while a connection is backed
+        up. With Redis, an append in flight is the wait (no spinning)."""
+        spins = 0
+        while (pending := self._pending) is not None:
+            full = pending.size >= COALESCE_MAX_CHARS
+            if not full and self._backlogged():
+                return  # on_writer_idle() schedules the flush again
+            if not full and not self.backend.remote and spins < HOT_SPINS:
+                size = pending.size
+                await asyncio.sleep(0)
+                spins += 1
+                if self._pending is pending and pending.size != size:
+                    continue  # still growing
+                if self._pending is not pending:
+                    spins = 0
+                    continue
             await self.flush()
+            spins = 0
 
     async def _flush_locked(self) -> None:
         pending, self._pending = self._pending, None

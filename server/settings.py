@@ -53,6 +53,12 @@ class Settings(BaseSettings):
     rate_messages_per_s: float = 200.0
     rate_runs_per_min: int = 120
 
+    # Tracing (optional extra `otel`): a span per run, children per model call,
+    # tool round trip and approval wait
+    otel: bool = False
+    otel_exporter: Literal["otlp", "console", "none"] = "otlp"
+    otel_capture_text: bool = False  # put the prompt on the run span
+
     # Agent runs (section 6)
     llm: Literal["scripted", "openai"] | None = None
     model: str = "gpt-4o-mini"
@@ -61,6 +67,7 @@ class Settings(BaseSettings):
         default=None, validation_alias=AliasChoices("OPENAI_API_KEY", "COWRITE_OPENAI_API_KEY")
     )
     openai_base_url: str | None = None
+    openai_warmup_timeout_s: float = Field(default=3.0, ge=0)  # 0: no warm-up at start
     tool_format: Literal["native", "json"] = "native"
     system_prompt: str = (
         "You are cowrite, an assistant that co-writes a document with its authors. "

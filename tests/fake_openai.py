@@ -40,6 +40,7 @@ class FakeOpenAI:
         self.port = free_port()
         self.replies: list[Reply] = []
         self.requests: list[dict[str, Any]] = []
+        self.peers: list[tuple[str, int]] = []  # (path, client port) of every request
         self.disconnected = asyncio.Event()
         self.stalled = asyncio.Event()
 
@@ -49,9 +50,19 @@ class FakeOpenAI:
 
     def app(self) -> Starlette:
         return Starlette(routes=[Route("/v1/chat/completions", self._completions,
-                                       methods=["POST"])])
+                                       methods=["POST"]),
+                                 Route("/v1/models", self._models)])
+
+    def _seen(self, request: Request) -> None:
+        self.peers.append((request.url.path, request.client.port if request.client else 0))
+
+    async def _models(self, request: Request) -> Response:
+        self._seen(request)
+        return JSONResponse({"object": "list", "data": [
+            {"id": "test-model", "object": "model", "created": 0, "owned_by": "tests"}]})
 
     async def _completions(self, request: Request) -> Response:
+        self._seen(request)
         body = await request.json()
         self.requests.append(body)
         reply = self.replies.pop(0) if self.replies else Reply(text=["(no reply planned)"])

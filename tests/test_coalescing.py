@@ -1,5 +1,6 @@
-"""Delta coalescing (PROTOCOL.md section 3): only while a connection of the
-document has a send pending; live and replayed streams are identical."""
+"""Delta coalescing (PROTOCOL.md section 3): while the stream is saturated
+(deltas back to back, or a connection with a send pending), never for a paced
+stream to an idle connection; live and replayed streams are identical."""
 
 from tests.harness import RawClient, Server, joined, running_server, token
 from tests.runs import of_run, script, start
@@ -7,12 +8,28 @@ from tests.runs import of_run, script, start
 TEXT = "".join(f"{i:04d} " for i in range(600))  # 3,000 characters
 
 
-async def test_idle_document_gets_every_delta(server: Server) -> None:
+async def test_paced_stream_to_an_idle_document_gets_every_delta(server: Server) -> None:
     async with joined(server) as (client, _):
-        ack = await start(client, script({"say": TEXT[:400]}, chunk_chars=4))
+        ack = await start(client, script({"say": TEXT[:200]}, chunk_chars=4, delay_ms=2))
         await client.recv_until("run.finished")
         deltas = of_run(client.events, ack["run_id"], "message.delta")
-        assert len(deltas) == 100
+        assert [d["delta"] for d in deltas] == [TEXT[i:i + 4] for i in range(0, 200, 4)]
+
+
+async def test_back_to_back_deltas_merge_before_logging(server: Server) -> None:
+    """A fast reader never backs up, yet a model that outpaces the loop gets its
+    text merged: fewer, larger events, the same text, the same stream on replay."""
+    async with joined(server) as (client, welcome):
+        ack = await start(client, script({"say": TEXT}, chunk_chars=3))
+        done = await client.recv_until("message.done")
+        await client.recv_until("run.finished")
+        deltas = of_run(client.events, ack["run_id"], "message.delta")
+        assert "".join(d["delta"] for d in deltas) == TEXT == done["text"]
+        assert len(deltas) < 1000
+        resume = {"epoch": welcome["epoch"], "after_seq": welcome["last_seq"]}
+        async with joined(server, client_id="late", resume=resume) as (late, back):
+            replayed = [await late.recv() for _ in range(back["replayed"])]
+        assert of_run(replayed, ack["run_id"]) == of_run(client.events, ack["run_id"])
 
 
 async def test_backed_up_connection_makes_deltas_merge_without_loss() -> None:

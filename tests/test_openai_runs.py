@@ -55,6 +55,31 @@ async def test_streaming_text_tool_call_deltas_and_usage(fake: FakeOpenAI) -> No
                     "content": '{"text":"hi"}'}
 
 
+async def test_the_upstream_connection_is_ready_before_the_first_run(fake: FakeOpenAI) -> None:
+    """No cold start: the lifespan warms the client, so the first run's request
+    reuses a pooled connection opened before any run was asked for."""
+    fake.replies = [Reply(text=["warm"])]
+    async with openai_server(fake) as srv:
+        assert [path for path, _ in fake.peers] == ["/v1/models"]
+        async with joined(srv) as (client, _):
+            await start(client, "hello", mode="chat")
+            finished = await client.recv_until("run.finished")
+        assert finished["status"] == "completed"
+    (warm_path, warm_port), (run_path, run_port) = fake.peers
+    assert (warm_path, run_path) == ("/v1/models", "/v1/chat/completions")
+    assert run_port == warm_port
+
+
+async def test_an_unreachable_upstream_at_start_does_not_stop_the_server() -> None:
+    async with running_server(llm="openai", openai_api_key="sk-test",
+                              openai_base_url="http://127.0.0.1:9/v1",
+                              openai_warmup_timeout_s=0.5) as srv, joined(srv) as (client, _):
+        await start(client, "hello", mode="chat")
+        finished = await client.recv_until("run.finished")
+        assert finished["status"] == "failed"
+        assert finished["error"]["code"] == "upstream_error"
+
+
 async def test_tool_call_arguments_are_validated_before_dispatch(fake: FakeOpenAI) -> None:
     fake.replies = [
         Reply(tool_calls=[{"name": "insert_text", "arguments": {"text": 5}}]),

@@ -11,7 +11,7 @@ from tests.runs import EDITOR_TOOLS, answer, call, of_run, script, start
 
 async def test_text_only_run_streams_deltas_and_completes(server: Server) -> None:
     async with joined(server) as (client, _), joined(server, sub="bob", client_id="b") as (peer, _):
-        ack = await start(client, script({"say": "Hello, co-writer!"}, chunk_chars=5))
+        ack = await start(client, script({"say": "Hello, co-writer!"}, chunk_chars=5, delay_ms=2))
         run_id = ack["run_id"]
         assert ack["status"] == "running"
         finished = await client.recv_until("run.finished")

@@ -27,6 +27,7 @@ from typing import Any
 
 from protocol.codes import ErrorCode
 from protocol.server import Error
+from server import tracing
 from server.agent import history
 from server.agent.environment import RunEnvironment
 from server.agent.lease import RunLease
@@ -189,7 +190,10 @@ class RunDriver:
                                  reply_to=getattr(event, "reply_to", None), run_id=self.run_id))
                 return False
             decision = self.env.machine.decide(self.state, Crashed(ref))
-        return await self._execute(decision, peer)
+        committed = await self._execute(decision, peer)
+        if committed and tracing.active is not None:
+            tracing.active.observe(event, decision)
+        return committed
 
     async def _execute(self, decision: Decision, peer: Peer | None) -> bool:
         """Effects before the decision's `Publish`, the publish (the commit point),

@@ -8,7 +8,7 @@ task closes the iterator, which must close the upstream request at once.
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from protocol.client import RunContext, ToolSpec
 
@@ -82,3 +82,11 @@ class LLM(Protocol):
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class Warmable(Protocol):
+    """A model with a cold start worth paying before the first run (imports, the
+    HTTP client, its connection pool): the app's lifespan awaits `warm` once."""
+
+    async def warm(self, timeout_s: float) -> None: ...

@@ -5,12 +5,23 @@ call arguments arrive as deltas keyed by `index` and are assembled here;
 usage arrives on a final chunk because we ask for `include_usage`. The
 upstream HTTP response is closed in `finally`, so cancelling the run closes
 the request at once.
+
+`warm()` (awaited by the app's lifespan) pays the SDK's cold start before the
+first run: the lazily imported chat resources, the first parse of a stream
+chunk, and a pooled connection to the upstream, opened with `GET /models`
+(free, no tokens). httpx keeps an idle pooled connection 5 s, so a run that
+comes much later reconnects; the Python-side costs stay paid.
 """
 
+import asyncio
+import contextlib
+import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
+from openai.types.chat import ChatCompletionChunk
 
 from server.agent.llm import (
     ModelChunk,
@@ -22,6 +33,8 @@ from server.agent.llm import (
     UsageChunk,
 )
 
+logger = logging.getLogger("cowrite.agent")
+
 
 class OpenAIChat:
     def __init__(self, api_key: str, base_url: str | None, timeout_s: float = 120.0) -> None:
@@ -31,6 +44,36 @@ class OpenAIChat:
 
     async def close(self) -> None:
         await self._client.close()
+
+    async def warm(self, timeout_s: float) -> None:
+        """Get the client ready for the first run; never fails (an upstream that
+        is down now may be up by the first run, which reports it properly)."""
+        started = time.perf_counter()
+        _ = self._client.chat.completions.create  # imports the chat resources
+        chunk = {"id": "warm", "object": "chat.completion.chunk", "created": 0, "model": "warm",
+                 "choices": [{"index": 0, "delta": {"content": "", "tool_calls": [{
+                     "index": 0, "id": "c", "type": "function",
+                     "function": {"name": "f", "arguments": ""}}]}, "finish_reason": None}],
+                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        ChatCompletionChunk.model_validate(chunk)
+        with contextlib.suppress(Exception):  # the SDK's private helpers: best effort
+            from openai._models import construct_type
+            from openai._utils import async_maybe_transform
+            from openai.types.chat import completion_create_params
+
+            construct_type(type_=ChatCompletionChunk, value=chunk)  # how streams parse
+            await async_maybe_transform(  # the request body's first transform
+                {"model": "warm", "messages": [{"role": "user", "content": "warm"}],
+                 "stream": True, "stream_options": {"include_usage": True},
+                 "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+                completion_create_params.CompletionCreateParamsStreaming)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._client.models.list()
+        except Exception as exc:  # any failure: the first run will say what is wrong
+            logger.info("model upstream not reached while warming up (%s); the first run "
+                        "will connect", type(exc).__name__)
+        logger.debug("model client warmed in %.1f ms", (time.perf_counter() - started) * 1000)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         options: dict[str, Any] = {}

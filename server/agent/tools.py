@@ -55,19 +55,23 @@ class ToolBox:
         self.server = {spec.name: spec for spec in (server.specs() if server else [])
                        if spec.name not in self.client and allowed(spec.name)}
         self._approval = approval
+        self._offered: list[dict[str, Any]] | None = None
         self._validators = {
             name: jsonschema.Draft202012Validator(tool.parameters)
             for name, tool in self.client.items()
         }
 
     def openai_tools(self) -> list[dict[str, Any]]:
-        specs = [(t.name, t.description, t.parameters) for t in self.client.values()]
-        specs += [(t.name, t.description, t.parameters) for t in self.server.values()]
-        return [
-            {"type": "function",
-             "function": {"name": name, "description": description, "parameters": parameters}}
-            for name, description, parameters in specs
-        ]
+        """The tools as the model is offered them: built once per run, not per turn."""
+        if self._offered is None:
+            specs = [(t.name, t.description, t.parameters) for t in self.client.values()]
+            specs += [(t.name, t.description, t.parameters) for t in self.server.values()]
+            self._offered = [
+                {"type": "function",
+                 "function": {"name": name, "description": description, "parameters": params}}
+                for name, description, params in specs
+            ]
+        return self._offered
 
     def check(self, name: str, raw_arguments: str | dict[str, Any]) -> CheckedCall | str:
         """The call, validated; or the error message the model gets instead."""
