@@ -176,7 +176,9 @@ async def test_editor_change_on_another_instance_aborts_the_run() -> None:
 async def test_the_same_result_sent_to_two_instances_completes_the_call_once() -> None:
     async with cluster() as (_, (one, two)), join(one, client_id="t1") as (first, _), \
             join(two, client_id="t2") as (second, _):
-        await start_run(first, script({"tool_calls": [call("read_document")]}), "x-3")
+        # a second call keeps the run going while the duplicate travels
+        await start_run(first, script({"tool_calls": [call("read_document")]},
+                                      {"tool_calls": [call("read_document")]}), "x-3")
         tool_call = await first.recv_until("tool.call")
         result = {"type": "tool.result", "run_id": "x-3", "call_id": tool_call["call_id"],
                   "token": tool_call["token"], "output": {"text": "same"}}
@@ -185,8 +187,13 @@ async def test_the_same_result_sent_to_two_instances_completes_the_call_once() -
         replies = [await first.recv_until(lambda e: e.get("reply_to") == "one"),
                    await second.recv_until(lambda e: e.get("reply_to") == "two")]
         assert sorted(bool(r.get("duplicate")) for r in replies) == [False, True]
+        second_call = await first.recv_until(lambda e: e.get("type") == "tool.call"
+                                             and e["call_id"] != tool_call["call_id"])
+        await first.send({**result, "call_id": second_call["call_id"],
+                          "token": second_call["token"]})
         await first.recv_until("run.finished")
-        assert len(of_run(first.events, "x-3", "tool.done")) == 1
+        dones = of_run(first.events, "x-3", "tool.done")
+        assert [d["call_id"] for d in dones] == [tool_call["call_id"], second_call["call_id"]]
 
 
 async def test_killed_owner_ends_its_run_server_lost_and_clients_resume() -> None:

@@ -120,7 +120,10 @@ async def test_each_scenario_ends_the_way_it_should(browser: "Browser", dev_serv
     page = tab.page
     status = page.locator("#scenario-status")
     items = page.locator("#scenario-list .menu-item")
-    await expect(items).to_have_count(6)  # the 1.1 entries stay hidden: no welcome.features
+    await expect(page.locator("#status")).to_have_attribute("data-state", "open")
+    features = await page.evaluate("window.cowrite.client.welcome.features ?? []")
+    gated = ("edit_scope", "run_queue", "threads", "workflows")  # 1.1 entries, one each
+    await expect(items).to_have_count(6 + sum(name in features for name in gated))
 
     async def finished_as_expected(title: str) -> None:
         await expect(status).to_have_attribute("data-tone", "ok", timeout=15_000)
@@ -164,6 +167,8 @@ async def test_each_scenario_ends_the_way_it_should(browser: "Browser", dev_serv
     await page.click("#cancel")
     await finished_as_expected("Slow stream to cancel")
 
+    await expect(page.locator("#run-rows td:nth-child(2)", has_text="user_cancelled")
+                 ).to_have_count(1)  # the summary catches up with the last event
     statuses = await page.locator("#run-rows td:nth-child(2)").all_text_contents()
     assert sorted(statuses) == sorted([
         "completed", "completed", "completed", "aborted (document_changed)",

@@ -74,6 +74,7 @@ from server.agent.steps import (
     StopWork,
     TimerFired,
     refuse,
+    repeat_reply,
 )
 
 
@@ -240,16 +241,7 @@ class RunMachine:
         signer, current = self.config.signer, state.current
         if current is None or current.call_id != event.call_id or current.kind != "tool" \
                 or current.executor != "client":
-            if event.call_id in state.completed_calls:
-                grant = state.grant(event.call_id, event.user_id, 0)
-                problem = signer.check_call_token(event.token, grant, 0)
-                out.do(Reply(Ack(reply_to=event.reply_to, run_id=state.run_id,
-                                 call_id=event.call_id, duplicate=True)) if problem is None
-                       else refuse(ErrorCode.INVALID_TOKEN, problem, event.reply_to,
-                                   state.run_id))
-            else:
-                out.do(refuse(ErrorCode.CALL_NOT_PENDING, f"call {event.call_id!r} is not pending",
-                              event.reply_to, state.run_id))
+            out.do(repeat_reply(state, event, signer))
             return state
         problem = signer.check_call_token(
             event.token, state.grant(current.call_id, event.user_id, 0), event.at_ms)

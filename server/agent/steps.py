@@ -12,7 +12,7 @@ from typing import Any, Literal, Protocol
 
 from protocol.base import WireModel
 from protocol.codes import ErrorCode
-from protocol.server import DurableServerEvent, Error, FinishedStatus, RunError
+from protocol.server import Ack, DurableServerEvent, Error, FinishedStatus, RunError
 from server.agent.run_state import ModelCall, RunState, ToolOutcome
 from server.auth import CallGrant
 
@@ -283,3 +283,18 @@ def refuse(code: ErrorCode, message: str, reply_to: str | None, run_id: str,
            details: Any = None) -> Reply:
     return Reply(Error(code=code, message=message, reply_to=reply_to, run_id=run_id,
                        details=details))
+
+
+def repeat_reply(state: RunState, event: ClientToolResult, signer: Signer) -> Reply:
+    """A result for a call the active run is not waiting on: a repeat of an accepted one
+    (valid token) is acked `duplicate` (a safe retry changes nothing); anything else is
+    `call_not_pending`. (Once the run is over, every result gets `run_not_active`.)"""
+    if event.call_id in state.completed_calls:
+        grant = state.grant(event.call_id, event.user_id, 0)
+        problem = signer.check_call_token(event.token, grant, 0)
+        if problem is None:
+            return Reply(Ack(reply_to=event.reply_to, run_id=state.run_id,
+                             call_id=event.call_id, duplicate=True))
+        return refuse(ErrorCode.INVALID_TOKEN, problem, event.reply_to, state.run_id)
+    return refuse(ErrorCode.CALL_NOT_PENDING, f"call {event.call_id!r} is not pending",
+                  event.reply_to, state.run_id)
