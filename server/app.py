@@ -72,7 +72,8 @@ def make_backend(settings: Settings) -> Backend:
 
 
 # The protocol 1.1 additions this server supports (welcome.features).
-FEATURES = ("json_depth", "edit_scope", "server_tools", "mcp", "workflows", "threads",
+FEATURES = ("json_depth", "edit_scope", "run_queue", "server_tools", "mcp", "workflows",
+            "threads",
             "http_tool_results", "ai_sdk", "ag_ui")
 
 

@@ -140,6 +140,7 @@ class DocumentSession:
             resume_failed=failure,
             replayed=len(replay),
             active_run=await self.runs.snapshot(conn.user_id),
+            queued_runs=await self.runs.queued(),
             limits=self.limits,
             features=self.features,
         )

@@ -80,6 +80,8 @@ class Settings(BaseSettings):
     client_grace_s: float = 30.0
     server_tool_timeout_s: float = 10.0
     run_lease_s: float = 10.0
+    max_queued_runs: int = Field(default=8, ge=0)
+    allow_interrupt: bool = True
 
     # Server tools and MCP servers (section 15)
     config: Path | None = None

@@ -32,6 +32,7 @@ from protocol.server import FinishedStatus, RunSnapshot
 from server.agent.admission import first_state, refusal, toolbox_for
 from server.agent.driver import RunDriver
 from server.agent.environment import RunEnvironment
+from server.agent.run_queue import RunQueueMixin
 from server.agent.run_state import TERMINAL, RunState, ToolOutcome
 from server.agent.steps import (
     ApprovalAnswer,
@@ -54,7 +55,7 @@ SUPERSEDE_WAIT_S = 3.0
 RELEASE_WAIT_S = 1.0
 
 
-class RunCoordinator:
+class RunCoordinator(RunQueueMixin):
     def __init__(self, document_id: str, log: EventLog, local: LocalPresence,
                  env: RunEnvironment, on_idle: Callable[[], None] = lambda: None) -> None:
         self.document_id = document_id
@@ -65,6 +66,7 @@ class RunCoordinator:
         self.active: RunDriver | None = None
         self.finished: OrderedDict[str, RunState] = OrderedDict()
         self._start_lock = asyncio.Lock()
+        self._kicks: set[asyncio.Task[None]] = set()
 
     # -- what the session asks ------------------------------------------------------
     @property
@@ -144,6 +146,8 @@ class RunCoordinator:
                 if isinstance(effect, Reply):  # only replies come out of `finished`
                     peer.reply(effect.message)
             return
+        if isinstance(message, RunCancel) and await self._cancel_queued(peer, message):
+            return
         if not forwarded:
             record = await self._remote_record(message.run_id)
             if record is not None:  # the run lives on another instance
@@ -196,20 +200,39 @@ class RunCoordinator:
                 async with asyncio.timeout(RELEASE_WAIT_S):
                     await active.done.wait()
             active = self.active
-        if active is not None and (active.state.client_id != peer.client_id
-                                   or active.state.user_id != peer.user_id):
+        other = active is not None and (active.state.client_id != peer.client_id
+                                        or active.state.user_id != peer.user_id)
+        remote = None if active is not None else await self._remote_record()
+        other = other or (remote is not None and (remote.get("client_id") != peer.client_id
+                                                  or remote.get("user_id") != peer.user_id))
+        if_busy = message.options.if_busy if message.options else "reject"
+        waiting = bool(await env.registry.queued_runs(self.document_id))
+        if (other or waiting) and if_busy == "interrupt" and not settings.allow_interrupt:
+            peer.error(ErrorCode.FORBIDDEN, "this server does not allow interrupting a run",
+                       reply_to=message.id)
+            return
+        if other and if_busy == "reject":
+            holder = active.run_id if active is not None else (remote or {}).get("run_id")
             peer.error(ErrorCode.DOCUMENT_BUSY,
-                       f"run {active.run_id!r} of another client is active on this document",
-                       reply_to=message.id, run_id=active.run_id)
+                       f"run {holder!r} of another client is active on this document",
+                       reply_to=message.id, run_id=holder)
             return
         retry_after = await env.registry.take_run_slot(peer.user_id, settings.rate_runs_per_min)
         if retry_after:
             peer.error(ErrorCode.RATE_LIMITED, "too many runs started; wait before the next",
                        reply_to=message.id, retry_after_ms=retry_after)
             return
-        if active is not None:
-            await active.submit(End("cancelled", "superseded"))
+        if (other or waiting) and if_busy == "enqueue":
+            await self._enqueue(peer, message)
+            return
+        if active is not None:  # the same client's run is superseded; another's interrupted
+            ending = End("cancelled", "interrupted") if other else End("cancelled", "superseded")
+            await active.submit(ending)
             await active.done.wait()
+        elif remote is not None and other:  # interrupt the run on its owner
+            self.env.cluster.post(str(remote["owner"]), {
+                "kind": "interrupt", "document_id": self.document_id,
+                "run_id": remote["run_id"]})
         try:
             state = await self._new_state(peer, message)
         except BackendUnavailable:
@@ -220,7 +243,7 @@ class RunCoordinator:
                              extra={"document_id": self.document_id})
             peer.error(ErrorCode.INTERNAL, f"internal error (ref {ref})", reply_to=message.id)
             return
-        holder = await self._claim(state, peer)
+        holder = await self._claim(state, peer, interrupting=other and if_busy == "interrupt")
         if holder is not None:
             peer.error(ErrorCode.DOCUMENT_BUSY,
                        f"run {holder.get('run_id')!r} of another client is active on this "
@@ -242,15 +265,16 @@ class RunCoordinator:
                             self.local.has_client(peer.user_id, peer.client_id))
         return replace(state, document_id=self.document_id)
 
-    async def _claim(self, state: RunState, peer: Peer) -> dict[str, Any] | None:
+    async def _claim(self, state: RunState, peer: Peer, interrupting: bool = False
+                     ) -> dict[str, Any] | None:
         """Hold the document for `state`; the holder's record if someone else does."""
         registry, lease = self.env.registry, self.env.settings.run_lease_s
         record = state.to_record(self.env.instance_id)
         holder = await registry.claim_run(self.document_id, record, lease)
-        if holder is not None and await self._ending(holder):
+        if holder is not None and (interrupting or await self._ending(holder)):
             try:  # its run.finished is logged; the release is on its way
                 async with asyncio.timeout(RELEASE_WAIT_S):
-                    while holder is not None and await self._ending(holder):
+                    while holder is not None and (interrupting or await self._ending(holder)):
                         await asyncio.sleep(0.02)
                         holder = await registry.claim_run(self.document_id, record, lease)
             except TimeoutError:
@@ -300,6 +324,7 @@ class RunCoordinator:
                 self.finished.popitem(last=False)
         if self.active is driver:
             self.active = None
+        self.kick()
         self._on_idle()
 
     async def _remote_record(self, run_id: str | None = None) -> dict[str, Any] | None:

@@ -131,8 +131,9 @@ class RunRouter:
                 if isinstance(edit, EditorChange):
                     peer = RemotePeer(self, "", "", document_id, "", str(message["user_id"]))
                     await session.runs.on_edit(peer, edit)
-            elif kind == "supersede":
-                await session.runs.abort(message["run_id"], "cancelled", "superseded")
+            elif kind in ("supersede", "interrupt"):
+                reason = "superseded" if kind == "supersede" else "interrupted"
+                await session.runs.abort(message["run_id"], "cancelled", reason)
         finally:
             hub.release(session)
 
@@ -163,3 +164,8 @@ class RunRouter:
                     "status": final.status, "user_id": final.user_id,
                     "client_id": final.client_id})
                 self.metrics.runs.labels(effect.status).inc()
+        session = self.hub.get(document_id)  # its queued runs may start now
+        try:
+            await session.runs.start_queued()
+        finally:
+            self.hub.release(session)

@@ -133,6 +133,18 @@ class Backend(Protocol):
 
     async def active_run(self, document_id: str) -> dict[str, Any] | None: ...
 
+    async def enqueue_run(self, document_id: str, entry: dict[str, Any], limit: int
+                          ) -> int | None:
+        """Append `entry` to the document's run queue: its position (1 = next), or None
+        when `limit` entries already wait (0: no limit)."""
+        ...
+
+    async def queued_runs(self, document_id: str) -> list[dict[str, Any]]: ...
+
+    async def remove_queued(self, document_id: str, run_id: str) -> dict[str, Any] | None:
+        """Take the queued run `run_id` out of the queue (None if it is not there)."""
+        ...
+
     async def expired_runs(self) -> list[tuple[str, dict[str, Any]]]:
         """Active runs whose owner stopped renewing, each handed to one caller only."""
         ...

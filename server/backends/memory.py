@@ -101,6 +101,7 @@ class MemoryBackend:
         self._connections: dict[str, int] = defaultdict(int)
         self._run_starts: dict[str, deque[float]] = defaultdict(deque)
         self._active: dict[str, dict[str, Any]] = {}
+        self._queues: dict[str, list[dict[str, Any]]] = {}
         self._presence: dict[str, set[str]] = defaultdict(set)
         self._inboxes: dict[str, asyncio.Queue[dict[str, Any]]] = defaultdict(asyncio.Queue)
 
@@ -132,7 +133,8 @@ class MemoryBackend:
 
     def in_use(self, document_id: str) -> bool:
         """Subscribed connections or an active run keep a document."""
-        return bool(self._listeners.get(document_id)) or document_id in self._active
+        return bool(self._listeners.get(document_id)) or document_id in self._active \
+            or document_id in self._queues
 
     def evict(self, protect: str | None = None) -> int:
         """Apply both eviction rules now; return how many documents went.
@@ -318,6 +320,28 @@ class MemoryBackend:
         if active is not None and active["run_id"] == run_id:
             del self._active[document_id]
             self._touch(document_id)  # idle from now on, not from the run's start
+
+    # -- the run queue (section 12) ------------------------------------------------
+    async def enqueue_run(self, document_id: str, entry: dict[str, Any], limit: int
+                          ) -> int | None:
+        queue = self._queues.setdefault(document_id, [])
+        if limit and len(queue) >= limit:
+            return None
+        queue.append(entry)
+        return len(queue)
+
+    async def queued_runs(self, document_id: str) -> list[dict[str, Any]]:
+        return list(self._queues.get(document_id, ()))
+
+    async def remove_queued(self, document_id: str, run_id: str) -> dict[str, Any] | None:
+        queue = self._queues.get(document_id, [])
+        for index, entry in enumerate(queue):
+            if entry.get("run_id") == run_id:
+                del queue[index]
+                if not queue:
+                    del self._queues[document_id]
+                return entry
+        return None
 
     async def active_run(self, document_id: str) -> dict[str, Any] | None:
         return self._active.get(document_id)

@@ -38,6 +38,7 @@ from server.backends.base import (
     ResumeFailure,
     encode_event_body,
 )
+from server.backends.redis_queue import RedisRunQueue
 from server.backends.redis_scripts import (
     APPEND_LUA,
     CLAIM_RUN_LUA,
@@ -76,7 +77,7 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class RedisBackend:
+class RedisBackend(RedisRunQueue):
     remote = True
 
     def __init__(self, url: str, log_max_events: int = 10_000, op_timeout_s: float = 2.0) -> None:

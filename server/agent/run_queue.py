@@ -1,0 +1,160 @@
+"""Several runs asked for at once (PROTOCOL.md section 12): the queue and interrupts.
+
+`if_busy: enqueue` puts a `run.start` in the document's queue (shared by every
+instance through the registry) while another client's run is active or runs
+already wait; it is announced as `run.queued` and acked `queued`. When the
+active run ends, the instance where it ended starts the next queued run (its
+events reach the starter wherever it is connected; decided: no hand-over to
+the starter's own instance). `if_busy: interrupt` ends the other client's run
+`cancelled`/`interrupted` and starts this one. `run.cancel` of a queued run
+ends it with `run.finished` `cancelled`/`user_cancelled`, `steps: 0`.
+"""
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from protocol.base import WireModel
+from protocol.client import RunCancel, RunStart
+from protocol.codes import ErrorCode
+from protocol.server import RunFinished, RunQueued, RunSnapshot
+from server.agent.environment import RunEnvironment
+from server.agent.run_state import RunState
+from server.backends.base import BackendUnavailable
+from server.connection import Peer
+from server.ports import EventLog
+
+logger = logging.getLogger("cowrite.agent")
+
+
+@dataclass(eq=False)
+class QueuedPeer:
+    """The starter of a queued run when it starts: its identity; its replies (the ack
+    of `run.start` was already sent as `queued`) go nowhere."""
+
+    document_id: str
+    queued_user: str
+    client_id: str
+    session_id: str = ""
+
+    @property
+    def user_id(self) -> str:
+        return self.queued_user
+
+    def reply(self, message: WireModel) -> None:
+        return None
+
+    def error(self, code: ErrorCode, message: str, **fields: Any) -> None:
+        return None
+
+    def ack(self, reply_to: str | None, **fields: Any) -> None:
+        return None
+
+
+class RunQueueMixin:
+    """Queue handling of `RunCoordinator` (which provides these attributes)."""
+
+    document_id: str
+    env: RunEnvironment
+    log: EventLog
+    _start_lock: asyncio.Lock
+    _kicks: set["asyncio.Task[None]"]
+
+    @property
+    def busy(self) -> bool:
+        raise NotImplementedError
+
+    async def _new_state(self, peer: Peer, message: RunStart) -> RunState:
+        raise NotImplementedError
+
+    async def _launch(self, state: RunState, peer: Peer, message: RunStart) -> None:
+        raise NotImplementedError
+
+    async def _enqueue(self, peer: Peer, message: RunStart) -> None:
+        settings, registry = self.env.settings, self.env.registry
+        run_id = message.run_id or f"run_{uuid.uuid4().hex[:16]}"
+        entry = {"run_id": run_id, "user_id": peer.user_id, "client_id": peer.client_id,
+                 "mode": message.mode, "message": message.model_copy(
+                     update={"run_id": run_id}).to_wire()}
+        position = await registry.enqueue_run(self.document_id, entry,
+                                              settings.max_queued_runs)
+        if position is None:
+            peer.error(ErrorCode.DOCUMENT_BUSY, f"at most {settings.max_queued_runs} runs may "
+                       "wait on this document", reply_to=message.id)
+            return
+        await registry.put_run_record(self.document_id, run_id, {
+            "status": "queued", "user_id": peer.user_id, "client_id": peer.client_id})
+        await self.log.publish_many([RunQueued(run_id=run_id, user_id=peer.user_id,
+                                               client_id=peer.client_id, prompt=message.prompt,
+                                               position=position)])
+        peer.ack(message.id, run_id=run_id, status="queued")
+        self.kick()  # the active run may have ended meanwhile
+
+    def kick(self) -> None:
+        """Start the next queued run soon, if the document is free."""
+        task = asyncio.get_running_loop().create_task(self.start_queued())
+        self._kicks.add(task)
+        task.add_done_callback(self._kicks.discard)
+
+    async def start_queued(self) -> None:
+        registry, lease = self.env.registry, self.env.settings.run_lease_s
+        async with self._start_lock:
+            if self.busy:
+                return
+            try:
+                waiting = await registry.queued_runs(self.document_id)
+                if not waiting:
+                    return
+                entry = waiting[0]
+                message = RunStart.model_validate(entry["message"])
+                peer = QueuedPeer(self.document_id, str(entry["user_id"]),
+                                  str(entry["client_id"]))
+                state = await self._new_state(peer, message)
+                holder = await registry.claim_run(
+                    self.document_id, state.to_record(self.env.instance_id), lease)
+                if holder is not None:
+                    return  # another run holds the document; its end kicks the queue
+                if await registry.remove_queued(self.document_id, state.run_id) is None:
+                    await registry.release_run(self.document_id, state.run_id)
+                    return  # cancelled (or started elsewhere) meanwhile
+            except BackendUnavailable:
+                logger.warning("the run queue could not be read: backend unavailable",
+                               extra={"document_id": self.document_id})
+                return
+            await self._launch(state, peer, message)
+
+    async def _cancel_queued(self, peer: Peer, message: RunCancel) -> bool:
+        """True when `message` was about a queued run (and is answered)."""
+        registry = self.env.registry
+        waiting = await registry.queued_runs(self.document_id)
+        entry = next((e for e in waiting if e.get("run_id") == message.run_id), None)
+        if entry is None:
+            return False
+        if entry.get("user_id") != peer.user_id:
+            peer.error(ErrorCode.FORBIDDEN, "only the run's user may cancel it",
+                       reply_to=message.id, run_id=message.run_id)
+            return True
+        if await registry.remove_queued(self.document_id, message.run_id) is None:
+            return False  # it started meanwhile: cancel it as a run
+        await self.log.publish_many([RunFinished(run_id=message.run_id, status="cancelled",
+                                                 reason="user_cancelled", steps=0)])
+        with contextlib.suppress(BackendUnavailable):
+            await registry.put_run_record(self.document_id, message.run_id, {
+                "status": "cancelled", "user_id": peer.user_id, "client_id": entry["client_id"]})
+        self.env.metrics.runs.labels("cancelled").inc()
+        peer.ack(message.id, run_id=message.run_id, status="cancelled")
+        return True
+
+    async def queued(self) -> list[RunSnapshot]:
+        """`welcome.queued_runs`: the waiting runs, next first."""
+        try:
+            waiting = await self.env.registry.queued_runs(self.document_id)
+        except BackendUnavailable:
+            return []
+        return [RunSnapshot(run_id=str(e["run_id"]), status="queued",
+                            mode="chat" if e.get("mode") == "chat" else "agent",
+                            user_id=str(e["user_id"]), client_id=str(e["client_id"]), step=0)
+                for e in waiting]

@@ -1,0 +1,125 @@
+"""Several runs asked for at once (PROTOCOL.md section 12) over real sockets: the queue
+(order, welcome, cancel, bound), interrupt, the default, and a queue shared by two
+instances through a real redis-server."""
+
+import contextlib
+from typing import Any
+
+import pytest
+
+from tests.harness import Client, Server, joined, running_server
+from tests.redis_support import redis_process
+from tests.runs import answer, call, of_run, script, start
+
+WAITS = script({"tool_calls": [call("read_document")]}, {"say": "done"})
+
+
+async def enqueue(client: Client, prompt: str, run_id: str, **options: Any) -> dict[str, Any]:
+    return await start(client, prompt, run_id=run_id,
+                       options={"if_busy": "enqueue", **options})
+
+
+def finished(run_id: str) -> Any:
+    return lambda e: e.get("type") == "run.finished" and e.get("run_id") == run_id
+
+
+async def test_runs_wait_in_order_and_welcome_lists_them(server: Server) -> None:
+    async with joined(server) as (alice, welcome), \
+            joined(server, sub="bob", client_id="b") as (bob, _), \
+            joined(server, sub="carol", client_id="c") as (carol, _):
+        assert "run_queue" in welcome["features"]
+        await start(alice, WAITS, run_id="a-1")
+        tool_call = await alice.recv_until("tool.call")
+        queued_b = await enqueue(bob, script({"say": "bob"}), "b-1")
+        queued_c = await enqueue(carol, script({"say": "carol"}), "c-1")
+        assert queued_b["status"] == queued_c["status"] == "queued"
+        announced = [await alice.recv_until("run.queued"), await alice.recv_until("run.queued")]
+        assert [(e["run_id"], e["position"], e["user_id"]) for e in announced] == [
+            ("b-1", 1, "bob"), ("c-1", 2, "carol")]
+        async with joined(server, sub="dave", client_id="d") as (_, late):
+            assert [(r["run_id"], r["status"]) for r in late["queued_runs"]] == [
+                ("b-1", "queued"), ("c-1", "queued")]
+        await answer(alice, tool_call, {"text": "doc"})
+        for run_id in ("a-1", "b-1", "c-1"):
+            assert (await alice.recv_until(finished(run_id)))["status"] == "completed"
+        started = [e["run_id"] for e in alice.events if e.get("type") == "run.started"]
+        assert started == ["a-1", "b-1", "c-1"]
+        assert of_run(alice.events, "b-1", "run.started")[0]["seq"] > \
+            of_run(alice.events, "a-1", "run.finished")[0]["seq"]
+
+
+async def test_cancel_of_a_queued_run_ends_it_unstarted(server: Server) -> None:
+    async with joined(server) as (alice, _), joined(server, sub="bob", client_id="b") as (bob, _):
+        await start(alice, WAITS, run_id="a-2")
+        tool_call = await alice.recv_until("tool.call")
+        await enqueue(bob, script({"say": "never"}), "b-2")
+        await alice.send({"type": "run.cancel", "id": "x", "run_id": "b-2"})
+        assert (await alice.recv_until(lambda e: e.get("reply_to") == "x"))["code"] == \
+            "forbidden"
+        await bob.send({"type": "run.cancel", "id": "c", "run_id": "b-2"})
+        ended = await bob.recv_until(finished("b-2"))
+        assert (ended["status"], ended["reason"], ended["steps"]) == (
+            "cancelled", "user_cancelled", 0)
+        assert (await bob.recv_until(lambda e: e.get("reply_to") == "c"))["status"] == \
+            "cancelled"
+        await answer(alice, tool_call, {"text": "doc"})
+        await alice.recv_until(finished("a-2"))
+        await alice.send({"type": "ping", "ts": 1})
+        await alice.recv_until("pong")
+        assert not of_run(alice.events, "b-2", "run.started")
+
+
+async def test_the_queue_is_bounded_and_reject_stays_the_default() -> None:
+    async with running_server(max_queued_runs=1) as srv, joined(srv) as (alice, _), \
+            joined(srv, sub="bob", client_id="b") as (bob, _):
+        await start(alice, WAITS, run_id="a-3")
+        await alice.recv_until("tool.call")
+        await bob.send({"type": "run.start", "id": "plain", "prompt": "p"})
+        assert (await bob.recv_until(lambda e: e.get("reply_to") == "plain"))["code"] == \
+            "document_busy"
+        await enqueue(bob, script({"say": "one"}), "b-3")
+        await bob.send({"type": "run.start", "id": "full", "prompt": "p",
+                        "options": {"if_busy": "enqueue"}})
+        full = await bob.recv_until(lambda e: e.get("reply_to") == "full")
+        assert full["code"] == "document_busy" and "at most 1" in full["message"]
+
+
+async def test_interrupt_ends_the_other_run_and_can_be_switched_off() -> None:
+    async with running_server() as srv, joined(srv) as (alice, _), \
+            joined(srv, sub="bob", client_id="b") as (bob, _):
+        await start(alice, WAITS, run_id="a-4")
+        await alice.recv_until("tool.call")
+        ack = await start(bob, script({"say": "mine now"}), run_id="b-4",
+                          options={"if_busy": "interrupt"})
+        assert ack["status"] == "running"
+        ended = await alice.recv_until(finished("a-4"))
+        assert (ended["status"], ended["reason"]) == ("cancelled", "interrupted")
+        assert (await bob.recv_until(finished("b-4")))["status"] == "completed"
+    async with running_server(allow_interrupt=False) as srv, joined(srv) as (alice, _), \
+            joined(srv, sub="bob", client_id="b") as (bob, _):
+        await start(alice, WAITS, run_id="a-5")
+        await alice.recv_until("tool.call")
+        await bob.send({"type": "run.start", "id": "i", "prompt": "p",
+                        "options": {"if_busy": "interrupt"}})
+        assert (await bob.recv_until(lambda e: e.get("reply_to") == "i"))["code"] == "forbidden"
+
+
+@pytest.mark.redis
+async def test_the_queue_is_shared_by_two_instances() -> None:
+    async with redis_process() as redis, contextlib.AsyncExitStack() as stack:
+        one = await stack.enter_async_context(running_server(redis_url=redis.url))
+        two = await stack.enter_async_context(running_server(redis_url=redis.url))
+        alice, _ = await stack.enter_async_context(joined(one))
+        bob, _ = await stack.enter_async_context(joined(two, sub="bob", client_id="b"))
+        await start(alice, WAITS, run_id="a-6")
+        tool_call = await alice.recv_until("tool.call")
+        queued = await enqueue(bob, script({"say": "from two"}), "b-6")
+        assert queued["status"] == "queued"
+        async with joined(one, sub="carol", client_id="c") as (_, welcome):
+            assert [r["run_id"] for r in welcome["queued_runs"]] == ["b-6"]
+        await answer(alice, tool_call, {"text": "doc"})
+        assert (await bob.recv_until(finished("a-6")))["status"] == "completed"
+        started = await bob.recv_until(lambda e: e.get("type") == "run.started"
+                                       and e.get("run_id") == "b-6")
+        assert started["user_id"] == "bob" and started["client_id"] == "b"
+        assert (await bob.recv_until(finished("b-6")))["status"] == "completed"
