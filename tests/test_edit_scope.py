@@ -154,3 +154,24 @@ async def test_the_model_is_told_of_edits_and_of_stale_results(fake: FakeOpenAI)
     stale = fake.requests[2]["messages"][-1]
     assert stale["role"] == "tool" and "read it again before editing" in stale["content"]
     assert ack["status"] == "running"
+
+
+async def test_earlier_runs_say_how_they_ended_and_roles_alternate(fake: FakeOpenAI) -> None:
+    fake.replies = [Reply(text=["half an ", "answer"], stall_after_text=True),
+                    Reply(http_status=400), Reply(text=["fine"])]
+    async with running_server(llm="openai", openai_api_key="sk-test", model="m",
+                              openai_base_url=fake.base_url) as srv, \
+            joined(srv) as (alice, _):
+        await start(alice, "first question")
+        await alice.recv_until("message.delta")
+        await alice.send({"type": "editor.change"})  # aborts it mid-answer
+        assert (await alice.recv_until("run.finished"))["reason"] == "document_changed"
+        await start(alice, "second question")
+        assert (await alice.recv_until("run.finished"))["status"] == "failed"
+        await start(alice, "third question")
+        assert (await alice.recv_until("run.finished"))["status"] == "completed"
+    roles = [m["role"] for m in fake.requests[2]["messages"]]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user"]
+    interrupted = fake.requests[2]["messages"][2]["content"]
+    assert interrupted.startswith("half an") and "interrupted (document_changed)" in interrupted
+    assert "ended before the assistant replied" in fake.requests[2]["messages"][4]["content"]

@@ -284,8 +284,8 @@ class RunDriver:
             partial = "".join(self._parts)
             self._parts = []
             if partial:
-                await self._remember([history.assistant_entry(state.run_id, partial, True,
-                                                              state.thread_id)])
+                await self._remember([history.assistant_entry(
+                    state.run_id, partial, True, state.thread_id, effect.interrupted_by)])
         elif isinstance(effect, CallModel):
             self._model_task = self._spawn(self._model_call(state))
         elif isinstance(effect, RunServerTool):

@@ -14,6 +14,7 @@ from protocol.base import DEFAULT_THREAD
 from protocol.client import RunContext
 
 HISTORY_TURNS_FOR_MODEL = 40
+NO_ANSWER = "[No answer: that run ended before the assistant replied.]"
 
 
 def _json(value: Any) -> str:
@@ -48,17 +49,36 @@ def model_messages(
 ) -> list[dict[str, Any]]:
     """The first request of a run: system, earlier turns of its thread, this prompt
     with its context."""
-    earlier = [
-        {"role": entry["role"], "content": str(entry["content"])}
-        for entry in history
-        if entry.get("role") in ("user", "assistant") and entry.get("run_id") != run_id
-        and entry.get("content") and thread_of(entry) == thread_id
-    ][-HISTORY_TURNS_FOR_MODEL:]
     return [
         {"role": "system", "content": system_prompt},
-        *earlier,
+        *earlier_turns(history, run_id, thread_id)[-HISTORY_TURNS_FOR_MODEL:],
         {"role": "user", "content": user_content(prompt, context)},
     ]
+
+
+def earlier_turns(history: list[dict[str, Any]], run_id: str, thread_id: str
+                  ) -> list[dict[str, Any]]:
+    """Earlier runs as the model should read them: an answer cut short says so (and by
+    what), and a run that ended before any answer gets an assistant turn saying that,
+    so user and assistant turns alternate."""
+    turns: list[dict[str, Any]] = []
+    for entry in history:
+        if entry.get("role") not in ("user", "assistant") or entry.get("run_id") == run_id \
+                or not entry.get("content") or thread_of(entry) != thread_id:
+            continue
+        content = str(entry["content"])
+        if entry.get("interrupted"):
+            cause = entry.get("interrupted_by") or "the run ended"
+            content += f"\n\n[This answer was interrupted ({cause}) before it was finished.]"
+        if entry["role"] == "user" and turns and turns[-1]["role"] == "user":
+            turns.append({"role": "assistant", "content": NO_ANSWER})
+        if entry["role"] == "assistant" and turns and turns[-1]["role"] == "assistant":
+            turns[-1] = {"role": "assistant", "content": turns[-1]["content"] + "\n\n" + content}
+            continue
+        turns.append({"role": entry["role"], "content": content})
+    if turns and turns[-1]["role"] == "user":
+        turns.append({"role": "assistant", "content": NO_ANSWER})
+    return turns
 
 
 def threads(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -81,11 +101,14 @@ def prompt_entry(run_id: str, prompt: str, thread_id: str = DEFAULT_THREAD, ts: 
 
 
 def assistant_entry(run_id: str, text: str, interrupted: bool = False,
-                    thread_id: str = DEFAULT_THREAD) -> dict[str, Any]:
+                    thread_id: str = DEFAULT_THREAD, interrupted_by: str | None = None
+                    ) -> dict[str, Any]:
     entry: dict[str, Any] = {"role": "assistant", "content": text, "run_id": run_id,
                              "thread_id": thread_id}
     if interrupted:
         entry["interrupted"] = True
+        if interrupted_by:
+            entry["interrupted_by"] = interrupted_by
     return entry
 
 
