@@ -23,7 +23,7 @@ from tests.harness import Server, joined
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PROTOCOL = DOCS / "protocol.md"
-PLANNED = "## Version 1.1 (planned)"
+PLANNED = "## Version 1.1\n"
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 SERVER_TYPES = set(build_schema()["properties"]["server_event"]["discriminator"]["mapping"])
 
