@@ -247,6 +247,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             if metrics_server is not None and metrics_task is not None:
                 metrics_server.should_exit = True
                 await metrics_task
+            services.runs.draining = True  # no queued run starts on the way out
             for session in list(services.hub.sessions.values()):
                 await session.runs.shutdown()
             await chat_runs.close()

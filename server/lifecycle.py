@@ -22,7 +22,7 @@ logger = logging.getLogger("cowrite.lifecycle")
 
 
 async def drain(services: Services, timeout_s: float = 3.0) -> None:
-    services.draining = True
+    services.draining = services.runs.draining = True
     sessions = list(services.hub.sessions.values())
     await asyncio.gather(*(session.runs.shutdown() for session in sessions),
                          return_exceptions=True)

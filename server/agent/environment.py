@@ -24,6 +24,7 @@ class RunEnvironment:
     metrics: Metrics
     instance_id: str
     tools: ServerTools | None = None
+    draining: bool = False  # shutting down: start nothing new (queued runs wait for others)
 
     @property
     def allowed_models(self) -> frozenset[str]:

@@ -102,7 +102,7 @@ class RunQueueMixin:
     async def start_queued(self) -> None:
         registry, lease = self.env.registry, self.env.settings.run_lease_s
         async with self._start_lock:
-            if self.busy:
+            if self.busy or self.env.draining:
                 return
             try:
                 waiting = await registry.queued_runs(self.document_id)
