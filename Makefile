@@ -34,9 +34,10 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	@$(PIP) -e '.[test]'
 	@touch $(VENV)/.installed $@
 
-# The server prints the one line that matters: the URL it really listens on.
+# The server prints the one line that matters: the URL it really listens on. The venv comes
+# first on PATH, so `python` in COWRITE_CONFIG (an MCP server's command) is the project's.
 run: $(VENV)/.installed
-	@COWRITE_DEV=$${COWRITE_DEV:-1} COWRITE_HOST=$(HOST) COWRITE_PORT=$(PORT) exec $(BIN)/python -m server
+	@PATH="$(abspath $(BIN)):$$PATH" COWRITE_DEV=$${COWRITE_DEV:-1} COWRITE_HOST=$(HOST) COWRITE_PORT=$(PORT) exec $(BIN)/python -m server
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
