@@ -353,14 +353,37 @@ class RunQueued(DurableEvent):
     """1 = next to start."""
 
 
+class RunResumed(DurableEvent):
+    """Another instance took the run over and goes on from its last checkpoint (1.1)."""
+
+    type: Literal["run.resumed"] = "run.resumed"
+    run_id: str
+    """The run."""
+    step: int
+    """Model calls made before the takeover."""
+    reason: Literal["owner_lost", "handoff"]
+    """`owner_lost`: the instance running it died; `handoff`: it was shutting down."""
+
+
+class MessageDiscarded(DurableEvent):
+    """Drop the text of this message: the model call that streamed it is made again (1.1)."""
+
+    type: Literal["message.discarded"] = "message.discarded"
+    run_id: str
+    """The run."""
+    message_id: str
+    """The message whose deltas so far are void."""
+
+
 ServerEvent = Annotated[
     Welcome | Ack | Error | Pong | RunStarted | MessageDelta | MessageDone | ToolCall
     | ApprovalRequested | ApprovalResolved | ToolDone | RunFinished | DocumentChanged
-    | RunScopeChanged | RunQueued,
+    | RunScopeChanged | RunQueued | RunResumed | MessageDiscarded,
     Field(discriminator="type"),
 ]
 SERVER_EVENT_ADAPTER: TypeAdapter[ServerEvent] = TypeAdapter(ServerEvent)
 DurableServerEvent = (
     RunStarted | MessageDelta | MessageDone | ToolCall | ApprovalRequested | ApprovalResolved
-    | ToolDone | RunFinished | DocumentChanged | RunScopeChanged | RunQueued
+    | ToolDone | RunFinished | DocumentChanged | RunScopeChanged | RunQueued | RunResumed
+    | MessageDiscarded
 )

@@ -95,12 +95,14 @@ def build_services(settings: Settings, tools: ToolCatalog | None = None) -> Serv
         def runs(session: DocumentSession) -> RunCoordinator:
             return RunCoordinator(document_id, session, session, env,
                                   on_idle=lambda: hub.release(session))
-        return DocumentSession(document_id, backend, limits, runs, FEATURES)
+        return DocumentSession(document_id, backend, limits, runs,
+                               FEATURES + (("durable_runs",) if settings.redis_url else ()))
 
     if isinstance(backend, MemoryBackend):
         metrics.watch_memory_documents(lambda: backend.document_count)
     hub = SessionHub(session_factory)
-    router = RunRouter(backend, hub, machine, metrics, instance_id, settings.run_lease_s)
+    router = RunRouter(backend, hub, machine, metrics, instance_id, settings.run_lease_s,
+                       settings.run_timeout_s)
     env = RunEnvironment(settings=settings, registry=backend, cluster=router,
                          llm=make_llm(settings), machine=machine, metrics=metrics,
                          instance_id=instance_id, tools=tools)

@@ -110,12 +110,17 @@ class Authenticator:
                 "set COWRITE_JWT_SECRET or COWRITE_JWT_PUBLIC_KEY "
                 "(or COWRITE_DEV=1 for development)"
             )
+        drawn = settings.jwt_public_key is None and not settings.jwt_secret  # dev: random
         if settings.call_token_secret:
-            root = settings.call_token_secret.get_secret_value().encode()
+            root, drawn = settings.call_token_secret.get_secret_value().encode(), False
         elif self._signing_secret is not None:
             root = self._signing_secret
         else:
-            root = secrets.token_bytes(32)
+            root, drawn = secrets.token_bytes(32), True
+        if drawn and settings.redis_url:
+            raise ValueError(
+                "with COWRITE_REDIS_URL every instance must sign call tokens with the same key: "
+                "set COWRITE_JWT_SECRET or COWRITE_CALL_TOKEN_SECRET (the same on every instance)")
         self._call_key = hmac.new(root, b"cowrite call-token key v1", hashlib.sha256).digest()
 
     def verify(self, token: str | None) -> Principal:

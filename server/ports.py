@@ -10,11 +10,12 @@ cluster link.
 """
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from protocol.base import WireModel
 from protocol.client import ClientMessage, EditorChange
 from protocol.server import DurableServerEvent, FinishedStatus, RunSnapshot
+from server.backends.base import LoggedEvent, LogHead, ResumeFailure
 from server.connection import Peer
 from server.tools.catalog import ServerToolSpec, ToolInvocation
 from server.tools.config import Workflow
@@ -72,6 +73,11 @@ class RunRegistry(Protocol):
 
     async def is_present(self, document_id: str, user_id: str, client_id: str) -> bool: ...
 
+    async def head(self, document_id: str) -> LogHead: ...
+
+    async def read_after(self, document_id: str, epoch: str, after_seq: int,
+                         until_seq: int | None = None) -> list[LoggedEvent] | ResumeFailure: ...
+
 
 class ClusterLink(Protocol):
     """Messages to the instance that owns a run."""
@@ -118,6 +124,9 @@ class RunHandler(Protocol):
     async def queued(self) -> list[RunSnapshot]: ...
 
     async def start_queued(self) -> None: ...
+
+    async def adopt(self, record: dict[str, Any], reason: Literal["owner_lost", "handoff"]
+                    ) -> bool: ...
 
     async def abort(self, run_id: str, status: FinishedStatus, reason: str) -> None: ...
 

@@ -39,7 +39,9 @@ export type ServerEvent =
   | RunFinishedEvent
   | DocumentChangedEvent
   | RunScopeChangedEvent
-  | RunQueuedEvent;
+  | RunQueuedEvent
+  | RunResumedEvent
+  | MessageDiscardedEvent;
 /**
  * One of the error codes (docs/protocol.md, Errors).
  */
@@ -1081,4 +1083,52 @@ export interface RunQueuedEvent {
    * 1 = next to start.
    */
   position: number;
+}
+/**
+ * Another instance took the run over and goes on from its last checkpoint (1.1).
+ */
+export interface RunResumedEvent {
+  /**
+   * Position in the document log: per document, from 1, no gaps.
+   */
+  seq: number;
+  /**
+   * Server time, ms since the Unix epoch.
+   */
+  ts: number;
+  type: "run.resumed";
+  /**
+   * The run.
+   */
+  run_id: string;
+  /**
+   * Model calls made before the takeover.
+   */
+  step: number;
+  /**
+   * `owner_lost`: the instance running it died; `handoff`: it was shutting down.
+   */
+  reason: "owner_lost" | "handoff";
+}
+/**
+ * Drop the text of this message: the model call that streamed it is made again (1.1).
+ */
+export interface MessageDiscardedEvent {
+  /**
+   * Position in the document log: per document, from 1, no gaps.
+   */
+  seq: number;
+  /**
+   * Server time, ms since the Unix epoch.
+   */
+  ts: number;
+  type: "message.discarded";
+  /**
+   * The run.
+   */
+  run_id: string;
+  /**
+   * The message whose deltas so far are void.
+   */
+  message_id: string;
 }

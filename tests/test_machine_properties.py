@@ -10,11 +10,13 @@ every step the invariants of the run lifecycle are checked.
 from dataclasses import replace
 from typing import Any
 
+import orjson
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from protocol.server import Ack, ApprovalRequested, RunError, RunFinished, ToolCall, ToolDone
+from server.agent.checkpoint import from_checkpoint, to_checkpoint
 from server.agent.machine import RunMachine
 from server.agent.run_state import STATUS_RANK, ModelCall, RunState, ToolOutcome
 from server.agent.steps import (
@@ -38,6 +40,7 @@ from server.agent.steps import (
     Publish,
     Release,
     Reply,
+    Resume,
     RunServerTool,
     ServerToolFinished,
     StopWork,
@@ -214,6 +217,18 @@ class RunLifecycle(RuleBasedStateMachine):
     @rule()
     def lease_lost(self) -> None:
         self.apply(LeaseLost())
+
+    @rule(idempotent=st.booleans(), text_sent=st.booleans())
+    def owner_lost_and_checkpoint_restored(self, idempotent: bool, text_sent: bool) -> None:
+        """Another instance takes the run over from its checkpoint (JSON round trip): the
+        old owner's timers and work are gone; the new owner resumes."""
+        if self.state.finished or self.state.phase == "new":
+            return
+        restored = from_checkpoint(orjson.loads(orjson.dumps(to_checkpoint(self.state))))
+        assert restored == self.state, "the checkpoint must restore the state exactly"
+        self.timers, self.model_busy, self.tool_busy = set(), False, None
+        self.state = restored
+        self.apply(Resume("owner_lost", 1500, text_sent, idempotent))
 
     @rule()
     def crashed(self) -> None:

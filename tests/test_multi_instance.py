@@ -196,30 +196,56 @@ async def test_the_same_result_sent_to_two_instances_completes_the_call_once() -
         assert [d["call_id"] for d in dones] == [tool_call["call_id"], second_call["call_id"]]
 
 
-async def test_killed_owner_ends_its_run_server_lost_and_clients_resume() -> None:
+async def test_a_killed_owners_run_is_taken_over_and_its_pending_call_carries_over() -> None:
     async with cluster(env=FAST_LEASE) as (_, (one, two)):
-        survivor_view = await asyncio.wait_for(_survivor_scenario(one, two), 30)
-        assert survivor_view["status"] == "aborted" and survivor_view["reason"] == "server_lost"
+        finished = await asyncio.wait_for(_takeover_scenario(one, two), 30)
+        assert finished["status"] == "completed"
 
 
-async def _survivor_scenario(one: Proc, two: Proc) -> dict[str, Any]:
-    async with join(two, sub="bob", client_id="watch") as (watcher, _):
-        async with join(one) as (doomed, welcome):
-            await start_run(doomed, script({"tool_calls": [call("read_document")]}), "x-4")
-            tool_call = await watcher.recv_until("tool.call")
+async def _takeover_scenario(one: Proc, two: Proc) -> dict[str, Any]:
+    async with join(two, sub="bob", client_id="watch") as (watcher, welcome):
+        assert "durable_runs" in welcome["features"]
+        async with join(one) as (doomed, mine):
+            await start_run(doomed, script({"tool_calls": [call("read_document")]},
+                                           {"say": "after"}), "x-4")
+            tool_call = await doomed.recv_until("tool.call")  # the token is only for her
             one.process.kill()  # kill -9: no drain, no goodbye
             await doomed.expect_close()
-        done = await watcher.recv_until("tool.done", timeout=10)
-        assert done["call_id"] == tool_call["call_id"] and done["status"] == "cancelled"
-        finished = await watcher.recv_until("run.finished", timeout=10)
-        # the dead instance's client resumes on the survivor and sees the end
-        resume = {"epoch": welcome["epoch"], "after_seq": welcome["last_seq"]}
+        resumed = await watcher.recv_until("run.resumed", timeout=10)
+        assert (resumed["run_id"], resumed["reason"], resumed["step"]) == ("x-4", "owner_lost", 1)
+        # the executor's tab comes back on the survivor and answers with the dead owner's token
+        resume = {"epoch": mine["epoch"], "after_seq": mine["last_seq"]}
         async with join(two, resume=resume) as (again, back):
-            assert back["resumed"] is True
-            replayed = [await again.recv() for _ in range(back["replayed"])]
-            assert replayed[-1]["type"] == "run.finished"
-            assert back.get("active_run") is None
+            assert back["resumed"] is True and back["active_run"]["run_id"] == "x-4"
+            assert back["active_run"]["pending"][0]["call_id"] == tool_call["call_id"]
+            await again.send({"type": "tool.result", "id": "late", "run_id": "x-4",
+                              "call_id": tool_call["call_id"], "token": tool_call["token"],
+                              "output": {"text": "doc"}})
+            accepted = await again.recv_until(lambda e: e.get("reply_to") == "late")
+            assert accepted["type"] == "ack" and accepted["status"] == "accepted"
+            finished = await again.recv_until("run.finished", timeout=10)
+        calls = [e for e in watcher.events if e.get("type") == "tool.call"]
+        assert [c["call_id"] for c in calls] == [tool_call["call_id"]]  # sent once
+        await watcher.recv_until("run.finished", timeout=10)
+        assert len([e for e in watcher.events if e.get("type") == "run.finished"]) == 1
         return finished
+
+
+async def test_a_model_call_cut_by_the_owners_death_is_made_again() -> None:
+    text = "word " * 60
+    async with cluster(env=FAST_LEASE) as (_, (one, two)), \
+            join(two, sub="bob", client_id="watch") as (watcher, _):
+        async with join(one) as (doomed, _):
+            await start_run(doomed, script({"say": text}, chunk_chars=5, delay_ms=40), "x-5")
+            for _ in range(3):
+                await watcher.recv_until("message.delta")
+            one.process.kill()
+        resumed = await watcher.recv_until("run.resumed", timeout=10)
+        discarded = await watcher.recv_until("message.discarded", timeout=10)
+        assert discarded["message_id"] == "x-5:m1" and discarded["seq"] > resumed["seq"]
+        done = await watcher.recv_until("message.done", timeout=15)
+        assert done["text"] == text and done["message_id"] != "x-5:m1"
+        assert (await watcher.recv_until("run.finished", timeout=10))["status"] == "completed"
 
 
 async def test_same_client_supersedes_its_run_from_another_instance() -> None:

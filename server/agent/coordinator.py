@@ -17,7 +17,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 from protocol.client import (
     Approval,
@@ -30,6 +30,7 @@ from protocol.client import (
 from protocol.codes import ErrorCode
 from protocol.server import FinishedStatus, RunSnapshot
 from server.agent.admission import first_state, refusal, toolbox_for
+from server.agent.checkpoint import from_checkpoint
 from server.agent.driver import RunDriver
 from server.agent.environment import RunEnvironment
 from server.agent.run_queue import RunQueueMixin
@@ -43,6 +44,7 @@ from server.agent.steps import (
     ExecutorPresence,
     Input,
     Reply,
+    Resume,
 )
 from server.agent.work import now_ms
 from server.backends.base import BackendUnavailable
@@ -119,6 +121,36 @@ class RunCoordinator(RunQueueMixin):
         driver = self.active
         if driver is not None and driver.run_id == run_id:
             await driver.submit(End(status, reason))
+
+    async def adopt(self, record: dict[str, Any], reason: Literal["owner_lost", "handoff"]
+                    ) -> bool:
+        """Take over the run of `record` (its owner is gone; this instance holds its lease
+        now) from its checkpoint; False when there is none to go on from."""
+        checkpoint = record.get("checkpoint")
+        if not isinstance(checkpoint, dict) or self.active is not None:
+            return False
+        state = replace(from_checkpoint(checkpoint),
+                        executor_present=self.local.has_client(str(record.get("user_id")),
+                                                               str(record.get("client_id"))))
+        text_sent = state.phase == "model" and await self._streamed(state)
+        spec = None if state.current is None or self.env.tools is None else next(
+            (t for t in self.env.tools.specs() if t.name == state.current.name), None)
+        driver = RunDriver(state, self.env, self.log, toolbox_for(state, self.env),
+                           self._finished)
+        self.active = driver
+        logger.warning("taking over run %s (%s)", state.run_id, reason,
+                       extra={"document_id": self.document_id, "run_id": state.run_id})
+        return await driver.start(None, None, Resume(reason, now_ms(), text_sent,
+                                                     spec is not None and spec.idempotent))
+
+    async def _streamed(self, state: RunState) -> bool:
+        """Whether the message of the interrupted model call reached the log."""
+        head = await self.env.registry.head(self.document_id)
+        tail = await self.env.registry.read_after(self.document_id, head.epoch,
+                                                  max(0, head.last_seq - 2000))
+        return isinstance(tail, list) and any(
+            event.type == "message.delta" and f'"message_id":"{state.message_id}"' in event.frame
+            for event in tail)
 
     async def shutdown(self) -> None:
         driver = self.active

@@ -50,6 +50,7 @@ from server.agent.steps import (
     Remember,
     RememberPartial,
     Reply,
+    Resume,
     RunServerTool,
     StopWork,
     TimerFired,
@@ -101,11 +102,13 @@ class RunDriver:
         return {"run_id": self.state.run_id, "document_id": self.state.document_id}
 
     # -- lifetime -------------------------------------------------------------------
-    async def start(self, peer: Peer | None, reply_to: str | None) -> bool:
-        """Announce the run; False (and nothing logged) if it could not be announced."""
+    async def start(self, peer: Peer | None, reply_to: str | None,
+                    resume: Resume | None = None) -> bool:
+        """Announce the run (or its takeover); False, with nothing logged, if that failed."""
         loop = asyncio.get_running_loop()
         self._started = loop.create_future()
-        self._main = loop.create_task(self._serve(Begin(now_ms(), reply_to), peer))
+        first: Input = resume if resume is not None else Begin(now_ms(), reply_to)
+        self._main = loop.create_task(self._serve(first, peer))
         return await asyncio.shield(self._started)
 
     def feed(self, event: Input, peer: Peer | None = None) -> None:

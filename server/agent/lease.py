@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from server.agent.checkpoint import to_checkpoint
 from server.agent.environment import RunEnvironment
 from server.agent.run_state import RunState
 from server.backends.base import BackendUnavailable
@@ -32,12 +33,16 @@ class RunLease:
         """Share `state`; False only when the lease is known to be lost."""
         if not self.shared:
             return True
+        record = {**state.to_record(self.env.instance_id), "checkpoint": to_checkpoint(state)}
         try:
-            return await self.env.registry.renew_run(
-                state.document_id, state.to_record(self.env.instance_id),
-                self.env.settings.run_lease_s)
+            return await self.env.registry.renew_run(state.document_id, record,
+                                                     self.env.settings.run_lease_s)
         except BackendUnavailable:
             return True  # the renewal loop keeps trying; the lease still runs
+        except (TypeError, ValueError):  # content the encoder refuses (the decision that
+            logger.warning("checkpoint skipped: it cannot be encoded",  # carries it is
+                           extra={"run_id": state.run_id})  # refused when it is logged)
+            return True
 
     async def keep(self, current: Callable[[], RunState]) -> None:
         """Renew every third of the lease until it is lost (then return)."""

@@ -37,6 +37,7 @@ from protocol.server import (
 )
 from server.agent import history, json_format
 from server.agent.edits import STALE, changes_note, judge_edit
+from server.agent.resume import resume_run
 from server.agent.run_state import (
     Ending,
     PendingCall,
@@ -69,6 +70,7 @@ from server.agent.steps import (
     Remember,
     RememberPartial,
     Reply,
+    Resume,
     RunServerTool,
     ServerToolFinished,
     StopWork,
@@ -93,6 +95,7 @@ class RunMachine:
                 state, out, Ending(event.status, event.reason)),
             Crashed: lambda state, event, out: self._finish(state, out, Ending.crash(event.ref)),
             LeaseLost: self._lease_lost,
+            Resume: lambda state, event, out: resume_run(self, state, event, out),
         }
 
     def decide(self, state: RunState, event: Input) -> Decision:
@@ -113,11 +116,11 @@ class RunMachine:
                Remember((history.prompt_entry(state.run_id, state.prompt, state.thread_id,
                                               event.at_ms),)),
                ArmTimer("run", self.config.run_timeout_s))
-        return self._call_model(state, out)
+        return self._call_model(replace(state, started_ms=event.at_ms), out)
 
     def _call_model(self, state: RunState, out: EffectList) -> RunState:
         step = state.step + 1
-        out.do(CallModel())
+        out.do(Checkpoint(), CallModel())  # a checkpoint per model step (section 13)
         if state.edits:  # tell the model what people changed since its last request
             note = {"role": "user", "content": changes_note(state.edits)}
             state = replace(state, messages=(*state.messages, note), edits=())

@@ -25,6 +25,7 @@ from protocol.server import Ack
 from server.agent.machine import RunMachine
 from server.agent.run_state import orphan_state
 from server.agent.steps import End, Publish, Release
+from server.agent.work import now_ms
 from server.backends.base import Backend, BackendUnavailable
 from server.connection import Peer, error_event
 from server.observability import Metrics
@@ -66,13 +67,14 @@ class RemotePeer:
 
 class RunRouter:
     def __init__(self, backend: Backend, hub: SessionHub, machine: RunMachine, metrics: Metrics,
-                 instance_id: str, lease_s: float) -> None:
+                 instance_id: str, lease_s: float, run_timeout_s: float = 600.0) -> None:
         self.backend = backend
         self.hub = hub
         self.machine = machine
         self.metrics = metrics
         self.me = instance_id
         self.lease_s = lease_s
+        self.run_timeout_s = run_timeout_s
         self._tasks: list[asyncio.Task[None]] = []
         self._posts: set[asyncio.Task[None]] = set()
 
@@ -142,12 +144,29 @@ class RunRouter:
         while True:
             await asyncio.sleep(interval)
             try:
-                for document_id, record in await self.backend.expired_runs():
-                    await self._end_orphan(document_id, record)
+                for document_id, record in await self.backend.expired_runs(self.lease_s):
+                    if not await self._take_over(document_id, record):
+                        await self._end_orphan(document_id, record)
             except BackendUnavailable:
                 continue
             except Exception:
                 logger.exception("ending a lost run failed")
+
+    async def _take_over(self, document_id: str, record: dict[str, Any]) -> bool:
+        """Go on with a run whose owner died, from its checkpoint (section 13); False
+        when it has none or is older than the run timeout (then it ends server_lost)."""
+        checkpoint = record.get("checkpoint") or {}
+        started = int(checkpoint.get("started_ms") or 0)
+        if not started or now_ms() - started > self.run_timeout_s * 1000:
+            return False
+        session = self.hub.get(document_id)
+        try:
+            return await session.runs.adopt(record, "owner_lost")
+        except Exception:
+            logger.exception("taking over run %s failed", record.get("run_id"))
+            return False
+        finally:
+            self.hub.release(session)
 
     async def _end_orphan(self, document_id: str, record: dict[str, Any]) -> None:
         state = orphan_state(document_id, record)
@@ -164,6 +183,7 @@ class RunRouter:
                     "status": final.status, "user_id": final.user_id,
                     "client_id": final.client_id})
                 self.metrics.runs.labels(effect.status).inc()
+        await self.backend.release_run(document_id, state.run_id)
         session = self.hub.get(document_id)  # its queued runs may start now
         try:
             await session.runs.start_queued()

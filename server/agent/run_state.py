@@ -130,6 +130,8 @@ class RunState:
     usage: tuple[tuple[str, int], ...] = ()
     executor_present: bool = True
     ending: Ending | None = None
+    started_ms: int = 0  # when run.started was logged (the run timeout counts from it)
+    resumes: int = 0  # takeovers so far (a repeated model call gets a new message id)
 
     # -- derived views --------------------------------------------------------
     @property

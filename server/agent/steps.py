@@ -108,6 +108,16 @@ class DocumentEdited:
 
 
 @dataclass(frozen=True, slots=True)
+class Resume:
+    """This instance took the run over from its checkpoint (section 13)."""
+
+    reason: Literal["owner_lost", "handoff"]
+    at_ms: int
+    text_sent: bool = False  # the interrupted model call had streamed text
+    idempotent: bool = False  # the interrupted server tool may run again
+
+
+@dataclass(frozen=True, slots=True)
 class TimerFired:
     key: str  # "run", "grace" or "call:<call_id>"
 
@@ -131,7 +141,7 @@ class Crashed:
 
 Input = (Begin | ModelFinished | ModelUnparseable | ModelFailed | ClientToolResult
          | ServerToolFinished | ApprovalAnswer | Cancel | End | DocumentEdited | TimerFired
-         | ExecutorPresence | LeaseLost | Crashed)
+         | ExecutorPresence | LeaseLost | Crashed | Resume)
 
 
 # -- effects ----------------------------------------------------------------------

@@ -145,8 +145,9 @@ class Backend(Protocol):
         """Take the queued run `run_id` out of the queue (None if it is not there)."""
         ...
 
-    async def expired_runs(self) -> list[tuple[str, dict[str, Any]]]:
-        """Active runs whose owner stopped renewing, each handed to one caller only."""
+    async def expired_runs(self, lease_s: float = 10.0) -> list[tuple[str, dict[str, Any]]]:
+        """Active runs whose owner stopped renewing, each handed to one caller only,
+        which holds their lease for `lease_s` from now (to take them over or end them)."""
         ...
 
     async def send(self, instance_id: str, message: dict[str, Any]) -> None:

@@ -346,7 +346,7 @@ class MemoryBackend:
     async def active_run(self, document_id: str) -> dict[str, Any] | None:
         return self._active.get(document_id)
 
-    async def expired_runs(self) -> list[tuple[str, dict[str, Any]]]:
+    async def expired_runs(self, lease_s: float = 10.0) -> list[tuple[str, dict[str, Any]]]:
         return []
 
     async def send(self, instance_id: str, message: dict[str, Any]) -> None:

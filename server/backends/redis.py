@@ -341,8 +341,10 @@ class RedisBackend(RedisRunQueue):
         raw = await self._call(self._redis.get(f"cw:{{{document_id}}}:active"))
         return None if raw is None else dict(orjson.loads(raw))
 
-    async def expired_runs(self) -> list[tuple[str, dict[str, Any]]]:
-        flat = await self._call(self._expired_runs(keys=[LEASES_KEY], args=[_now_ms()]))
+    async def expired_runs(self, lease_s: float = 10.0) -> list[tuple[str, dict[str, Any]]]:
+        now = _now_ms()
+        flat = await self._call(self._expired_runs(keys=[LEASES_KEY],
+                                                   args=[now, now + int(lease_s * 1000)]))
         return [(flat[i], dict(orjson.loads(flat[i + 1]))) for i in range(0, len(flat), 2)]
 
     async def send(self, instance_id: str, message: dict[str, Any]) -> None:

@@ -67,13 +67,14 @@ EXPIRED_RUNS_LUA = """
 local docs = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 20)
 local out = {}
 for _, doc in ipairs(docs) do
-  redis.call('ZREM', KEYS[1], doc)
   local key = 'cw:{' .. doc .. '}:active'
   local active = redis.call('GET', key)
   if active then
-    redis.call('DEL', key)
+    redis.call('ZADD', KEYS[1], ARGV[2], doc)
     table.insert(out, doc)
     table.insert(out, active)
+  else
+    redis.call('ZREM', KEYS[1], doc)
   end
 end
 return out
