@@ -252,7 +252,8 @@ def rows(m: dict[str, Any]) -> list[tuple[str, str, str, str, str, bool]]:
     for mode, other in (("overlap", "abort"), ("abort", "overlap")):
         label = ("`overlap` mode, edit inside the scope" if mode == "overlap"
                  else "default `abort` mode, same edit")
-        ratio = f"{busy[f'{mode}_99'] / busy[f'{other}_99']:.2f}x" if mode == "overlap" else ""
+        ratio = (f"{busy[f'{mode}_99'] / busy[f'{other}_99']:.2f}x abort mode (p99, "
+                 "streaming)" if mode == "overlap" else "")
         out.append((
             f"abort p50 / p99 (editor.change -> run.finished), {label}: idle; {streams}",
             f"{idle[f'{mode}_50']:.1f} / {idle[f'{mode}_99']:.1f} ms; "
