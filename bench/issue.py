@@ -16,6 +16,9 @@ to core 0 and this client to core 1 where the OS allows (`bench.common.pin`).
 - cold start: `run.start` -> first delta of the first run after the server
   started, through an OpenAI-compatible upstream (`bench.upstream`), beside
   the later runs of the same server;
+- edit-aware runs (issue 13, `bench.editbench`): abort latency of an edit
+  inside the scope in `overlap` mode beside the default `abort` mode, and
+  server CPU per edit outside the scope while 200 runs stream;
 - idle delivery: a slow stream (one delta every 5 ms) to an idle reader must
   arrive one frame per delta: merging never holds a delta back on an idle
   connection (a bench check, not a test).
@@ -30,7 +33,7 @@ from typing import Any
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
 
-from bench import load, runs, transport
+from bench import editbench, load, runs, transport
 from bench.common import Proc, cowrite_join, percentile, script_prompt, server_process
 
 CHARS = 200_000
@@ -204,6 +207,7 @@ async def measure(quick: bool = False) -> dict[str, Any]:
     out["load_runs"] = sum(report["runs_finished"].values())
     cold, warm = await cold_start(size.cold_starts)
     out["cold_first_ms"], out["warm_first_ms"] = cold, statistics.median(warm)
+    out["edits"] = await editbench.measure(quick)
     return out
 
 
@@ -236,6 +240,7 @@ def table(m: dict[str, Any]) -> str:
          f"{m['bare_abort_idle_p99_ms']:.1f} / {m['bare_abort_busy_p99_ms']:.1f} ms", "",
          "<= 2 / 20 ms",
          m["cowrite_abort_idle_p99_ms"] <= 2 and m["cowrite_abort_busy_p99_ms"] <= 20),
+        *editbench.rows(m["edits"]),
         (f"first delta p99 with {size['load_docs']:,} concurrent runs "
          f"(lost or duplicated events: {m['load_lost_duplicated']})",
          f"{m['load_first_delta_p99_ms']:.1f} ms", "-", "", "<= 100 ms, 0 lost",
