@@ -1,13 +1,16 @@
 // The bundled test page, a developer console for the protocol: an editor with
 // the editor tools (editor.js), the agent's transcript (transcript.js), the
-// event inspector (inspector.js), a scenarios menu (scenarios.js) and the
-// settings, wired to the server through the reusable client (client.js).
+// event inspector (inspector.js), a scenarios menu (scenarios.js), the thread
+// switcher and workflows menu (conversation.js) and the settings (settings.js), wired to the
+// server through the reusable client (client.js).
 import { CowriteClient } from "/static/client.js";
+import { ThreadSwitcher, WorkflowMenu } from "./conversation.js";
 import { Editor } from "./editor.js";
 import { Inspector } from "./inspector.js";
 import { documentIdProblem, readSettings, suggestDocumentId } from "./rules.js";
 import { ScopeTracker, scopeSegments, updateQueue } from "./runview.js";
 import { SCENARIOS, availableScenarios, judge } from "./scenarios.js";
+import { openSettings, reloadWith, setupSettingsDialog } from "./settings.js";
 import { Transcript } from "./transcript.js";
 
 const $ = (id) => /** @type {any} */ (document.getElementById(id));
@@ -24,7 +27,7 @@ if (!clientId) {
 }
 $("doc-name").textContent = settings.doc;
 $("who").textContent = `${settings.user} (${settings.role}) · ${clientId}`;
-setupSettingsDialog();
+setupSettingsDialog(settings);
 
 /** A message above the page with optional action buttons; null hides it. */
 function banner(text, actions = []) {
@@ -46,11 +49,12 @@ if (problem) {
   const suggestion = suggestDocumentId(settings.doc);
   banner(`“${settings.doc}” cannot be opened: ${problem}.`, [
     [`Open “${suggestion}” instead`, () => reloadWith({ doc: suggestion })],
-    ["Settings", () => openSettings()],
+    ["Settings", () => openSettings(settings)],
   ]);
   setStatus("closed", "not connected");
   for (const id of ["prompt", "send", "mode", "editor"]) $(id).disabled = true;
   $("scenarios").hidden = true;
+  $("workflows").hidden = true;
 } else {
   start();
 }
@@ -88,6 +92,9 @@ function start() {
   const viewer = settings.role === "viewer";
   let activeRun = null; // {run_id, user_id, client_id, status?}
   const transcript = new Transcript(client);
+  const threads = new ThreadSwitcher({ documentId: settings.doc, getToken, onSwitch: () => loadHistory() });
+  transcript.thread = () => threads.current;
+  const workflows = new WorkflowMenu({ getToken, disabled: viewer, onLoad: () => renderScenarios() });
   const scope = new ScopeTracker();
   const editor = new Editor({
     client, documentId: settings.doc, tab: clientId, keepText: settings.keepText, readOnly: viewer,
@@ -162,6 +169,7 @@ function start() {
 
   client.addEventListener("run.started", ({ detail }) => setRunning(detail));
   client.addEventListener("run.finished", ({ detail }) => {
+    threads.refresh(); // its thread's run count (a new thread's first run makes it known)
     if ($("approval").open) $("approval").close();
     scope.finish(detail.run_id);
     renderScope();
@@ -180,18 +188,34 @@ function start() {
     if ($("approval").dataset.call === detail.call_id && $("approval").open) $("approval").close();
   });
 
+  /**
+   * The transcript from the history of the thread shown. A run active meanwhile whose
+   * prompt is not in that history belongs to another thread (its snapshot does not say
+   * which), so its events fold.
+   */
+  async function loadHistory(activeRunId = activeRun?.run_id) {
+    try {
+      const response = await fetch(`/v1/documents/${encodeURIComponent(settings.doc)}/history` +
+        threads.historyQuery(), { headers: { authorization: `Bearer ${await getToken()}` } });
+      if (!response.ok) throw new Error(`HTTP ${response.status}`);
+      const messages = (await response.json()).messages ?? [];
+      transcript.rebuild(messages);
+      if (activeRunId && client.supports("threads") && !messages.some((m) => m.run_id === activeRunId)) {
+        transcript.runThreads.markOther(activeRunId);
+      }
+    } catch (error) {
+      transcript.notice(`could not load the history: ${error.message ?? error}`, true);
+    }
+  }
+
   client.addEventListener("welcome", async ({ detail }) => {
-    renderScenarios(detail.features);
+    threads.enable(client.supports("threads"));
+    workflows.enable(client.supports("workflows"));
+    renderScenarios();
     $("scoped").disabled = viewer || !client.supports("edit_scope");
     if ($("scoped").disabled) $("scoped").checked = false;
     if (detail.resumed) return;
-    try {
-      const response = await fetch(`/v1/documents/${encodeURIComponent(settings.doc)}/history`,
-        { headers: { authorization: `Bearer ${await getToken()}` } });
-      transcript.rebuild((await response.json()).messages ?? []);
-    } catch (error) {
-      transcript.notice(`could not load the history: ${error}`, true);
-    }
+    await loadHistory(detail.active_run?.run_id);
     setRunning(detail.active_run ?? null);
     for (const item of detail.active_run?.pending ?? []) {
       if (item.kind === "approval" && detail.active_run.user_id === detail.user_id) {
@@ -229,7 +253,7 @@ function start() {
     if (scenario) scenarioRuns.set(runId, scenario);
     editor.flush("before a run"); // a late report of earlier typing would abort the new run
     transcript.startTiming();
-    const run = { runId, mode: "agent", ...request,
+    const run = { runId, mode: "agent", threadId: threads.runThread(), ...request,
                   context: request.context ?? { document: { text: editor.text, version: editor.version } } };
     const ranges = run.scope ?? run.context.scope;
     if (ranges) scope.start(runId, ranges, editor.version);
@@ -260,7 +284,10 @@ function start() {
     event.preventDefault();
     const prompt = $("prompt").value.trim();
     if (!prompt) return;
-    if (await startRun({ prompt, mode: $("mode").value, ...scopedRequest() })) $("prompt").value = "";
+    const workflow = workflows.selected ? { workflow: workflows.selected.name } : {};
+    if (await startRun({ prompt, mode: $("mode").value, ...workflow, ...scopedRequest() })) {
+      $("prompt").value = "";
+    }
   });
   $("prompt").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && (event.metaKey || event.ctrlKey)) $("prompt-form").requestSubmit();
@@ -312,9 +339,11 @@ function start() {
     $("scenario-status").textContent = text;
   }
 
-  /** @param {string[]|undefined} features welcome.features (protocol 1.1; absent from 1.0) */
-  function renderScenarios(features) {
-    $("scenario-list").replaceChildren(...availableScenarios(SCENARIOS, features).map((scenario) => {
+  /** The entries for what the server announced (welcome.features, 1.1) and lists. */
+  function renderScenarios() {
+    const features = client.welcome?.features;
+    const server = { workflows: workflows.names };
+    $("scenario-list").replaceChildren(...availableScenarios(SCENARIOS, features, server).map((scenario) => {
       const item = Object.assign(document.createElement("button"), { type: "button", className: "menu-item" });
       item.dataset.scenario = scenario.id;
       item.setAttribute("role", "menuitem");
@@ -326,65 +355,13 @@ function start() {
         const expected = `${scenario.expect.status}${scenario.expect.reason ? ` (${scenario.expect.reason})` : ""}`;
         showScenario(`${scenario.title}: ${scenario.todo ? `${scenario.todo} ` : ""}` +
                      `Expected end: ${expected}.`, "running");
-        await startRun(scenario.request({ text: editor.text, version: editor.version }), scenario);
+        await startRun(scenario.request({ text: editor.text, version: editor.version },
+          { workflow: workflows.names[0] }), scenario);
       });
       return item;
     }));
   }
 
-  window.cowrite = { client, editor, inspector, scope };
+  window.cowrite = { client, editor, inspector, scope, threads, workflows };
   client.connect();
-}
-
-// -- settings dialog --------------------------------------------------------------------------
-function reloadWith(changes) {
-  const next = new URLSearchParams(location.search);
-  for (const [key, value] of Object.entries(changes)) next.set(key, value);
-  location.search = next.toString();
-}
-
-function openSettings() {
-  $("set-user").value = settings.user;
-  $("set-role").value = settings.role;
-  $("set-doc").value = settings.doc;
-  $("set-keep").checked = settings.keepText;
-  $("set-doc-error").textContent = "";
-  $("settings").showModal();
-}
-
-function setupSettingsDialog() {
-  $("open-settings").addEventListener("click", openSettings);
-  $("set-doc").addEventListener("input", () => {
-    $("set-doc-error").textContent = documentIdProblem($("set-doc").value.trim()) ?? "";
-  });
-  $("settings-form").addEventListener("submit", (event) => {
-    if (event.submitter?.value !== "save") return;
-    const doc = $("set-doc").value.trim();
-    const user = $("set-user").value.trim();
-    const problemText = documentIdProblem(doc);
-    if (problemText || !user) {
-      event.preventDefault();
-      $("set-doc-error").textContent = problemText ?? "the user may not be empty";
-      return;
-    }
-    const keep = $("set-keep").checked;
-    localStorage.setItem("cowrite.keepText", keep ? "1" : "0");
-    localStorage.setItem("cowrite.role", $("set-role").value);
-    localStorage.setItem("cowrite.user", user);
-    if (!keep) sessionStorage.removeItem(`cowrite.doc.${settings.doc}`);
-    window.cowrite?.editor?.sync.setKeep(keep);
-    settings.keepText = keep;
-    const current = new URLSearchParams(location.search);
-    if (current.has("keep")) { // the stored choice rules from now on
-      current.delete("keep");
-      history.replaceState(null, "", `?${current}`);
-    }
-    const next = { doc, user, role: $("set-role").value };
-    if (next.doc !== settings.doc || next.user !== settings.user || next.role !== settings.role) {
-      const search = new URLSearchParams(location.search);
-      search.delete("keep");
-      for (const [key, value] of Object.entries(next)) search.set(key, value);
-      location.search = search.toString();
-    }
-  });
 }

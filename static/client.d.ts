@@ -257,6 +257,10 @@ export interface StartRunOptions {
   onEdit?: "abort" | "overlap" | "continue";
   /** `options.if_busy` (needs `run_queue`): what to do while another client's run is active. */
   ifBusy?: "reject" | "enqueue" | "interrupt";
+  /** `thread_id` (needs `threads`): the conversation the run belongs to. Absent: "main". */
+  threadId?: string;
+  /** `workflow` (needs `workflows`): an operator-defined workflow's name (`GET /v1/workflows`). */
+  workflow?: string;
 }
 
 export interface ApproveOptions {
@@ -321,8 +325,9 @@ export declare class CowriteClient extends EventTarget {
 
   /**
    * Start a run with this client's tools; resolves with the ack (`{run_id, status}`).
-   * With `scope`/`onEdit` or `ifBusy` on a server that lacks `edit_scope` or
-   * `run_queue`, rejects with an Error whose `code` is "unsupported" and sends nothing.
+   * With `scope`/`onEdit`, `ifBusy`, `threadId` or `workflow` on a server that lacks
+   * `edit_scope`, `run_queue`, `threads` or `workflows`, rejects with an Error whose
+   * `code` is "unsupported" and sends nothing.
    */
   startRun(run: StartRunOptions): Promise<AckEvent>;
   cancelRun(runId: string, reason?: string): Promise<AckEvent>;

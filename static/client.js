@@ -36,6 +36,10 @@
 // `tool.call` computed on an older document whose run's scope a later user edit
 // touched with `tool.result.error {code: "stale"}` instead of running the handler
 // (the rule: `isStaleCall`).
+//
+// Threads and workflows (1.1, section 14): `startRun({threadId, workflow})` sends
+// `thread_id` / `workflow`, refused locally the same way when the server does not
+// list `threads` / `workflows`.
 
 /**
  * @typedef {{name: string, description?: string, parameters?: object, requires_approval?: boolean}} ToolSpec
@@ -238,10 +242,12 @@ export class CowriteClient extends EventTarget {
    *   runId?: string, tools?: ToolSpec[], scope?: {from: number, to: number}[],
    *   onEdit?: "abort"|"overlap"|"continue", ifBusy?: "reject"|"enqueue"|"interrupt"}} run
    */
-  startRun({ prompt, mode = "agent", context, options, runId, tools, scope, onEdit, ifBusy }) {
-    const missing = (scope !== undefined || onEdit !== undefined) && !this.supports("edit_scope")
-      ? "edit_scope"
-      : ifBusy !== undefined && !this.supports("run_queue") ? "run_queue" : null;
+  startRun({ prompt, mode = "agent", context, options, runId, tools, scope, onEdit, ifBusy,
+             threadId, workflow }) {
+    const needs = [
+      [scope !== undefined || onEdit !== undefined, "edit_scope"], [ifBusy !== undefined, "run_queue"],
+      [threadId !== undefined, "threads"], [workflow !== undefined, "workflows"]];
+    const missing = needs.find(([asked, feature]) => asked && !this.supports(feature))?.[1] ?? null;
     if (missing && this.ws?.readyState === 1) {
       return Promise.reject(Object.assign(
         new Error(`the server does not support ${missing} (welcome.features)`),
@@ -255,7 +261,8 @@ export class CowriteClient extends EventTarget {
     this.runScopes.set(id, { scope: fullContext?.scope ?? null,
                              version: fullContext?.document?.version ?? this.documentVersion });
     const sent = this.send({ type: "run.start", run_id: id, mode, prompt, context: fullContext,
-                             options: fullOptions, tools: tools ?? this.toolSpecs() }, true);
+                             options: fullOptions, tools: tools ?? this.toolSpecs(),
+                             thread_id: threadId, workflow }, true);
     sent.catch(() => this.runScopes.delete(id)); // refused: no run to protect
     return sent;
   }

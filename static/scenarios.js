@@ -7,10 +7,11 @@
 // that speak 1.0 send no `features`, so those entries stay hidden for now.
 
 /**
- * @typedef {{prompt: string, mode?: "agent"|"chat", options?: object, context?: object}} RunRequest
+ * @typedef {{prompt: string, mode?: "agent"|"chat", options?: object, context?: object,
+ *   threadId?: string, workflow?: string}} RunRequest
  * @typedef {{id: string, title: string, what: string, todo?: string,
- *   expect: {status: string, reason?: string}, requires?: string,
- *   request: (doc: {text: string, version: number}) => RunRequest}} Scenario
+ *   expect: {status: string, reason?: string}, requires?: string, needsWorkflow?: boolean,
+ *   request: (doc: {text: string, version: number}, server: {workflow?: string}) => RunRequest}} Scenario
  */
 
 const script = (steps, { chunk = 4, delayMs = 25 } = {}) =>
@@ -98,26 +99,33 @@ export const SCENARIOS = [
   },
   {
     id: "thread", title: "A side thread", requires: "threads",
-    what: "Runs in thread \"side\": the model sees that thread's history only.",
+    what: "Runs in thread \"side\": the model sees that thread's history only; unless " +
+      "\"side\" is the thread shown, the run appears folded.",
     expect: { status: "completed" },
-    request: () => ({ prompt: script([{ say: "Talking in the side thread." }]), thread_id: "side" }),
+    request: () => ({ prompt: script([{ say: "Talking in the side thread." }]), threadId: "side" }),
   },
   {
-    id: "workflow", title: "A workflow", requires: "workflows",
-    what: "Starts the operator's \"proofread\" workflow (GET /v1/workflows lists them).",
+    id: "workflow", title: "A workflow", requires: "workflows", needsWorkflow: true,
+    what: "A scripted run under the first workflow GET /v1/workflows lists (run.start.workflow); " +
+      "hidden when the server has none. The Workflows menu picks any.",
     expect: { status: "completed" },
-    request: () => ({ prompt: "Proofread the document.", workflow: "proofread" }),
+    request: (_doc, { workflow } = {}) => ({
+      prompt: script([{ say: `Working under the “${workflow}” workflow.` }]), workflow }),
   },
 ];
 
 /**
  * The entries to show for a server that announced `features` (undefined for 1.0 servers).
+ * An entry that `needsWorkflow` also needs a workflow on the server: `workflows` is
+ * what `GET /v1/workflows` listed (empty, or not loaded yet: hidden).
  * @param {Scenario[]} scenarios
  * @param {string[]|undefined} features
+ * @param {{workflows?: string[]}} [server]
  */
-export function availableScenarios(scenarios, features) {
+export function availableScenarios(scenarios, features, { workflows = [] } = {}) {
   const have = new Set(features ?? []);
-  return scenarios.filter((s) => !s.requires || have.has(s.requires));
+  return scenarios.filter((s) => (!s.requires || have.has(s.requires)) &&
+    (!s.needsWorkflow || workflows.length > 0));
 }
 
 /**

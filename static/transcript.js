@@ -3,6 +3,7 @@
 // moment the user sent the prompt (or picked a scenario).
 
 import { approvalChip, finishChip } from "./rules.js";
+import { DEFAULT_THREAD, RunThreads } from "./threads.js";
 
 const $ = (id) => /** @type {HTMLElement} */ (document.getElementById(id));
 
@@ -19,6 +20,11 @@ export class Transcript {
     /** @type {Map<string, HTMLElement>} message_id -> bubble */ this.bubbles = new Map();
     this.thinking = null;
     this.timing = { submit: 0, first: 0, tools: new Map() };
+    // Threads (1.1): runs of a thread other than the shown one are folded and dimmed.
+    /** @type {() => string} */ this.thread = () => DEFAULT_THREAD;
+    this.runThreads = new RunThreads();
+    /** @type {Map<string, {box: HTMLDetailsElement, head: HTMLElement, text: HTMLElement}>} */
+    this.folds = new Map();
     this.#listen();
   }
 
@@ -50,12 +56,37 @@ export class Transcript {
   rebuild(messages) {
     this.list.textContent = "";
     this.bubbles.clear();
+    this.folds.clear();
     for (const m of messages) {
       if (m.role === "user") this.add("user", promptLabel(m.content));
       else if (m.role === "assistant") {
         this.add("assistant", m.content + (m.interrupted ? " …(interrupted)" : ""));
       }
     }
+  }
+
+  /**
+   * The folded entry of a run in another thread (created on its first event), or null
+   * when the run belongs to the thread shown.
+   */
+  #fold(runId, prompt = null) {
+    if (!this.runThreads.isOther(runId, this.thread())) return null;
+    let fold = this.folds.get(runId);
+    if (!fold) {
+      const box = document.createElement("details");
+      box.className = "msg other-thread";
+      box.dataset.run = runId;
+      box.dataset.thread = this.runThreads.name(runId);
+      const head = document.createElement("summary");
+      head.textContent = `thread “${this.runThreads.name(runId)}”: ${prompt === null ? "a run" : promptLabel(prompt)}`;
+      const text = document.createElement("div");
+      box.append(head, text);
+      this.list.append(box);
+      this.list.scrollTop = this.list.scrollHeight;
+      fold = { box, head, text };
+      this.folds.set(runId, fold);
+    }
+    return fold;
   }
 
   #chip(label, ms) {
@@ -83,12 +114,16 @@ export class Transcript {
     const mine = (run) => run.client_id === this.client.clientId;
 
     on("run.started", (run) => {
+      this.runThreads.started(run);
+      if (this.#fold(run.run_id, run.prompt)) return;
       this.add("user", promptLabel(run.prompt));
       this.thinking = this.add("assistant thinking", "thinking");
       if (mine(run) && this.timing.submit) this.#chip("→ run.started", performance.now() - this.timing.submit);
     });
 
     on("message.delta", (delta) => {
+      const fold = this.#fold(delta.run_id);
+      if (fold) { fold.text.textContent += delta.delta; return; }
       let bubble = this.bubbles.get(delta.message_id);
       if (!bubble) {
         this.#unthink();
@@ -104,6 +139,8 @@ export class Transcript {
     });
 
     on("message.done", (done) => {
+      const fold = this.#fold(done.run_id);
+      if (fold) { fold.text.textContent = done.text; return; }
       const bubble = this.bubbles.get(done.message_id) ?? this.add("assistant", "");
       bubble.textContent = done.text;
       this.bubbles.set(done.message_id, bubble);
@@ -143,8 +180,10 @@ export class Transcript {
     });
 
     on("run.finished", (finished) => {
-      this.#unthink();
-      this.notice(`run ${finished.status}${finished.reason ? ` (${finished.reason})` : ""}` +
+      const fold = this.#fold(finished.run_id);
+      if (fold) fold.head.append(` · ${finished.status}${finished.reason ? ` (${finished.reason})` : ""}`);
+      else this.#unthink();
+      if (!fold) this.notice(`run ${finished.status}${finished.reason ? ` (${finished.reason})` : ""}` +
         `${finished.error ? `: ${finished.error.message}` : ""} · ${finished.steps} model call(s)`,
         finished.status !== "completed");
       if (this.timing.submit) { // this tab started the run

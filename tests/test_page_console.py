@@ -122,8 +122,15 @@ async def test_each_scenario_ends_the_way_it_should(browser: "Browser", dev_serv
     items = page.locator("#scenario-list .menu-item")
     await expect(page.locator("#status")).to_have_attribute("data-state", "open")
     features = await page.evaluate("window.cowrite.client.welcome.features ?? []")
-    gated = ("edit_scope", "run_queue", "threads", "workflows")  # 1.1 entries, one each
+    gated = ("edit_scope", "run_queue", "threads")  # 1.1 entries, one each
     await expect(items).to_have_count(6 + sum(name in features for name in gated))
+    # "A workflow" needs a configured workflow too; a plain dev server has none, and the
+    # Workflows menu says so.
+    await expect(page.locator('[data-scenario="workflow"]')).to_have_count(0)
+    if "workflows" in features:
+        await page.click("#workflows summary")
+        await expect(page.locator("#workflow-empty")).to_contain_text("No workflows configured")
+        await page.click("#workflows summary")
 
     async def finished_as_expected(title: str) -> None:
         await expect(status).to_have_attribute("data-tone", "ok", timeout=15_000)

@@ -224,3 +224,23 @@ test("after a welcome, refused upgrades are a restarting server: retried, never 
   FakeSocket.all.at(-1).serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: true });
   assert.equal(client.state, "open");
 });
+
+test("startRun sends thread_id and workflow only to a server that lists threads and workflows", async () => {
+  const { client } = makeClient();
+  client.connect();
+  await tick();
+  const ws = FakeSocket.all[0];
+  ws.serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: false, features: ["threads"] });
+  const before = ws.sent.length;
+  await assert.rejects(client.startRun({ prompt: "p", workflow: "proofread" }),
+    (error) => error.code === "unsupported" && /workflows/.test(error.message));
+  assert.equal(ws.sent.length, before, "nothing was sent");
+  client.startRun({ prompt: "p", threadId: "side" });
+  const start = ws.sent.at(-1);
+  assert.equal(start.thread_id, "side");
+  assert.equal("workflow" in start, false);
+  ws.serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: false, features: ["threads", "workflows"] });
+  client.startRun({ prompt: "p", workflow: "proofread" });
+  assert.equal(ws.sent.at(-1).workflow, "proofread");
+  assert.equal("thread_id" in ws.sent.at(-1), false, "no threadId: the server's default thread");
+});

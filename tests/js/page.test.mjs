@@ -10,6 +10,7 @@ import {
 import { NOT_DELTAS, makeRecord, matches, summarizeRuns } from "../../static/events.js";
 import { SCENARIOS, availableScenarios, judge } from "../../static/scenarios.js";
 import { DocSync } from "../../static/docsync.js";
+import { RunThreads, groupWorkflows, threadEntries, threadIdProblem } from "../../static/threads.js";
 
 test("document ids: the server's rule, explained, with a suggestion", () => {
   for (const id of ["demo", "a.b_c:d-e", "x".repeat(128)]) assert.equal(documentIdProblem(id), null);
@@ -111,8 +112,15 @@ test("scenarios: 1.1 entries appear only when welcome.features lists them", () =
   assert.deepEqual(base, ["stream", "client-tool", "approval", "abort", "cancel", "failure"]);
   const more = availableScenarios(SCENARIOS, ["edit_scope", "threads"]).map((s) => s.id);
   assert.deepEqual(more, [...base, "edit-scope", "thread"]);
+  const noWorkflows = availableScenarios(SCENARIOS, ["workflows"], { workflows: [] });
+  assert.deepEqual(noWorkflows.map((s) => s.id), base, "no workflow configured: the entry is hidden");
+  const withOne = availableScenarios(SCENARIOS, ["workflows"], { workflows: ["tidy", "ask"] });
+  const entry = withOne.find((s) => s.id === "workflow");
+  assert.equal(entry.request({ text: "", version: 0 }, { workflow: "tidy" }).workflow, "tidy",
+    "the first listed workflow, whatever its name");
+  assert.equal(SCENARIOS.find((s) => s.id === "thread").request({ text: "", version: 0 }).threadId, "side");
   for (const s of SCENARIOS) {
-    const request = s.request({ text: "Hello.\nWorld.", version: 3 });
+    const request = s.request({ text: "Hello.\nWorld.", version: 3 }, { workflow: "w" });
     assert.equal(typeof request.prompt, "string", s.id);
     if (!s.requires) assert.ok(JSON.parse(request.prompt).script.length > 0, s.id);
   }
@@ -195,4 +203,42 @@ test("tabs share the text; a tab that opens asks; the newest change wins", () =>
   a.sync.changed("newer", 2);
   assert.equal(otherDoc.seen.length, 0, "other documents are not touched");
   assert.equal(b.seen.at(-1).text, "newer");
+});
+
+test("thread names: the server's rule, explained", () => {
+  for (const name of ["main", "side", "a.b_c:d-e", "x".repeat(64)]) assert.equal(threadIdProblem(name), null);
+  assert.match(threadIdProblem(""), /needs a name/);
+  assert.match(threadIdProblem("my thread"), /letters, digits/);
+  assert.match(threadIdProblem("x".repeat(65)), /65 characters long; the limit is 64/);
+});
+
+test("thread switcher: the server's threads, then the current one and main if new", () => {
+  assert.deepEqual(threadEntries([], "main").map((t) => t.label), ["main · new"]);
+  const known = [{ thread_id: "side", runs: 1, last_ts: 9 }, { thread_id: "main", runs: 3, last_ts: 5 }];
+  assert.deepEqual(threadEntries(known, "side").map((t) => t.label), ["side · 1 run", "main · 3 runs"]);
+  assert.deepEqual(threadEntries(known, "draft").map((t) => t.thread_id), ["side", "main", "draft"]);
+});
+
+test("runs of another thread fold; unknown runs count as the shown thread", () => {
+  const runs = new RunThreads();
+  runs.started({ run_id: "r1", thread_id: "side" });
+  runs.started({ run_id: "r2" }); // a 1.0 server: main
+  assert.equal(runs.isOther("r1", "main"), true);
+  assert.equal(runs.isOther("r1", "side"), false);
+  assert.equal(runs.isOther("r2", "main"), false);
+  assert.equal(runs.isOther("r3", "main"), false);
+  runs.markOther("r3");
+  assert.equal(runs.isOther("r3", "main"), true);
+  assert.equal(runs.name("r3"), "another thread");
+  runs.markOther("r1");
+  assert.equal(runs.name("r1"), "side", "a known thread is kept");
+});
+
+test("workflows menu: by category, alphabetical, uncategorised last", () => {
+  const groups = groupWorkflows([
+    { name: "a", category: "editing" }, { name: "b" }, { name: "c", category: "Chat" },
+    { name: "d", category: "editing" }]);
+  assert.deepEqual(groups.map((g) => [g.category, g.workflows.map((w) => w.name)]),
+    [["Chat", ["c"]], ["editing", ["a", "d"]], ["other", ["b"]]]);
+  assert.deepEqual(groupWorkflows([]), []);
 });
