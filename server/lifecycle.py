@@ -1,8 +1,10 @@
 """Draining an instance on shutdown (SIGTERM).
 
 uvicorn by itself closes WebSockets with 1012 and only then runs the app's
-lifespan shutdown. cowrite drains first: this instance's runs end
-`aborted`/`server_shutdown` (their events reach every client), then each
+lifespan shutdown. cowrite drains first: with another instance alive (Redis)
+this instance's runs are handed over to it (`run.resumed` `handoff`);
+otherwise they end `aborted`/`server_shutdown` (their events reach every
+client). Then each
 connection's writer flushes what is queued and closes with 1001 so the client
 resumes on another instance.
 """
@@ -24,8 +26,12 @@ logger = logging.getLogger("cowrite.lifecycle")
 async def drain(services: Services, timeout_s: float = 3.0) -> None:
     services.draining = services.runs.draining = True
     sessions = list(services.hub.sessions.values())
-    await asyncio.gather(*(session.runs.shutdown() for session in sessions),
-                         return_exceptions=True)
+    if await services.router.others_alive():  # section 13: hand the runs over
+        await asyncio.gather(*(session.runs.hand_over() for session in sessions),
+                             return_exceptions=True)
+    else:  # section 6: the last instance ends its runs server_shutdown
+        await asyncio.gather(*(session.runs.shutdown() for session in sessions),
+                             return_exceptions=True)
     for session in sessions:
         for conn in list(session.connections.values()):
             conn.close(CloseCode.GOING_AWAY, "server shutting down; resume on another instance")

@@ -231,6 +231,29 @@ async def _takeover_scenario(one: Proc, two: Proc) -> dict[str, Any]:
         return finished
 
 
+async def test_sigterm_hands_the_run_over_instead_of_ending_it() -> None:
+    async with cluster(env=FAST_LEASE) as (_, (one, two)), \
+            join(two, sub="bob", client_id="watch") as (watcher, _):
+        async with join(one) as (leaving, mine):
+            await start_run(leaving, script({"tool_calls": [call("read_document")]},
+                                            {"say": "after"}), "x-6")
+            tool_call = await leaving.recv_until("tool.call")
+            one.process.terminate()  # SIGTERM: a rolling deploy
+            assert await leaving.expect_close(timeout=10) == 1001
+        resumed = await watcher.recv_until("run.resumed", timeout=10)
+        assert (resumed["run_id"], resumed["reason"]) == ("x-6", "handoff")
+        resume = {"epoch": mine["epoch"], "after_seq": mine["last_seq"]}
+        async with join(two, resume=resume) as (again, _):
+            await again.send({"type": "tool.result", "id": "r", "run_id": "x-6",
+                              "call_id": tool_call["call_id"], "token": tool_call["token"],
+                              "output": {"text": "doc"}})
+            assert (await again.recv_until(lambda e: e.get("reply_to") == "r"))["type"] == "ack"
+            finished = await again.recv_until("run.finished", timeout=10)
+        assert finished["status"] == "completed"
+        ends = [e for e in watcher.events if e.get("type") == "run.finished"]
+        assert not [e for e in ends if e.get("reason") == "server_shutdown"]
+
+
 async def test_a_model_call_cut_by_the_owners_death_is_made_again() -> None:
     text = "word " * 60
     async with cluster(env=FAST_LEASE) as (_, (one, two)), \

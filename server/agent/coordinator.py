@@ -30,7 +30,7 @@ from protocol.client import (
 from protocol.codes import ErrorCode
 from protocol.server import FinishedStatus, RunSnapshot
 from server.agent.admission import first_state, refusal, toolbox_for
-from server.agent.checkpoint import from_checkpoint
+from server.agent.checkpoint import from_checkpoint, to_checkpoint
 from server.agent.driver import RunDriver
 from server.agent.environment import RunEnvironment
 from server.agent.run_queue import RunQueueMixin
@@ -43,6 +43,7 @@ from server.agent.steps import (
     End,
     ExecutorPresence,
     Input,
+    LeaseLost,
     Reply,
     Resume,
 )
@@ -151,6 +152,25 @@ class RunCoordinator(RunQueueMixin):
         return isinstance(tail, list) and any(
             event.type == "message.delta" and f'"message_id":"{state.message_id}"' in event.frame
             for event in tail)
+
+    async def hand_over(self) -> None:
+        """Draining with another instance alive: stop the run here without ending it, leave
+        its final checkpoint, and let its lease lapse at once so a survivor takes it over
+        (`run.resumed` `handoff`)."""
+        driver = self.active
+        if driver is None:
+            return
+        await driver.submit(LeaseLost())
+        await driver.done.wait()
+        state = driver.last_live_state
+        if state is None or state.finished:
+            return
+        record = {**state.to_record(self.env.instance_id), "checkpoint": to_checkpoint(state),
+                  "handoff": True}
+        with contextlib.suppress(BackendUnavailable):
+            await self.env.registry.renew_run(self.document_id, record,
+                                              self.env.settings.run_lease_s)
+            await self.env.registry.expire_run_lease(self.document_id)
 
     async def shutdown(self) -> None:
         driver = self.active
@@ -350,7 +370,7 @@ class RunCoordinator(RunQueueMixin):
                     await registry.release_run(self.document_id, state.run_id)
 
     def _finished(self, driver: RunDriver) -> None:
-        if driver.state.finished:
+        if driver.state.finished and driver.last_live_state is None:  # not one that moved on
             self.finished[driver.run_id] = driver.state
             while len(self.finished) > FINISHED_RUNS_KEPT:
                 self.finished.popitem(last=False)

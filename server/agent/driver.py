@@ -92,6 +92,7 @@ class RunDriver:
         self._main: asyncio.Task[None] | None = None
         self._started: asyncio.Future[bool] | None = None
         self.done = asyncio.Event()
+        self.last_live_state: RunState | None = None  # the state when the lease went
 
     @property
     def run_id(self) -> str:
@@ -182,6 +183,8 @@ class RunDriver:
         """Decide and execute; True when the decision was committed."""
         if isinstance(event, (ModelFinished, ModelUnparseable)):
             self._parts = []
+        if isinstance(event, LeaseLost):  # another instance holds the run now: not ours to
+            self.last_live_state, self._released = self.state, True  # free or to end
         try:
             decision = self.env.machine.decide(self.state, event)
         except Exception:

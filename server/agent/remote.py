@@ -79,10 +79,21 @@ class RunRouter:
         self._posts: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
+        with contextlib.suppress(BackendUnavailable):  # alive before the first janitor tick
+            await self.backend.heartbeat(self.me, self.lease_s * 2)
         self._tasks = [asyncio.create_task(self._inbox_loop()),
                        asyncio.create_task(self._janitor_loop())]
 
+    async def others_alive(self) -> bool:
+        """Whether another instance could take this one's runs over (a handoff)."""
+        try:
+            return any(other != self.me for other in await self.backend.live_instances())
+        except BackendUnavailable:
+            return False
+
     async def stop(self) -> None:
+        with contextlib.suppress(BackendUnavailable):
+            await self.backend.leave(self.me)
         for task in self._tasks + list(self._posts):
             task.cancel()
         await asyncio.gather(*self._tasks, *self._posts, return_exceptions=True)
@@ -144,6 +155,7 @@ class RunRouter:
         while True:
             await asyncio.sleep(interval)
             try:
+                await self.backend.heartbeat(self.me, self.lease_s * 2)
                 for document_id, record in await self.backend.expired_runs(self.lease_s):
                     if not await self._take_over(document_id, record):
                         await self._end_orphan(document_id, record)
@@ -161,7 +173,8 @@ class RunRouter:
             return False
         session = self.hub.get(document_id)
         try:
-            return await session.runs.adopt(record, "owner_lost")
+            return await session.runs.adopt(record, "handoff" if record.get("handoff")
+                                            else "owner_lost")
         except Exception:
             logger.exception("taking over run %s failed", record.get("run_id"))
             return False

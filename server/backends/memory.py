@@ -346,6 +346,19 @@ class MemoryBackend:
     async def active_run(self, document_id: str) -> dict[str, Any] | None:
         return self._active.get(document_id)
 
+    # One process: no other instance to hand runs over to.
+    async def heartbeat(self, instance_id: str, ttl_s: float) -> None:
+        return None
+
+    async def leave(self, instance_id: str) -> None:
+        return None
+
+    async def live_instances(self) -> list[str]:
+        return []
+
+    async def expire_run_lease(self, document_id: str) -> None:
+        return None
+
     async def expired_runs(self, lease_s: float = 10.0) -> list[tuple[str, dict[str, Any]]]:
         return []
 

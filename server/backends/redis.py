@@ -38,6 +38,7 @@ from server.backends.base import (
     ResumeFailure,
     encode_event_body,
 )
+from server.backends.redis_instances import RedisInstances
 from server.backends.redis_queue import RedisRunQueue
 from server.backends.redis_scripts import (
     APPEND_LUA,
@@ -77,7 +78,7 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class RedisBackend(RedisRunQueue):
+class RedisBackend(RedisRunQueue, RedisInstances):
     remote = True
 
     def __init__(self, url: str, log_max_events: int = 10_000, op_timeout_s: float = 2.0) -> None:
