@@ -5,9 +5,9 @@ Lifecycle of one connection:
    on sockets still handshaking (503, `COWRITE_MAX_PENDING_HANDSHAKES`);
 2. accept (selecting `cowrite.v1` when offered), then `hello` within the
    timeout, authenticated and authorized (4001 / 4003 / 4008);
-3. three tasks: the reader (limits, parsing, routing), the writer
-   (`Outbound`) and the token-expiry watch; when one ends, the others are
-   cancelled, and the connection leaves its session.
+3. two tasks, the reader (limits, parsing, routing) and the writer
+   (`Outbound`), plus a loop timer for the token's expiry; when one task
+   ends, the other is cancelled, and the connection leaves its session.
 
 Every frame is checked at the edge (`decode_frame`): nesting depth
 (`COWRITE_MAX_JSON_DEPTH`) and 64-bit integers, hello included; a refused
@@ -228,21 +228,19 @@ async def _run_connection(
     conn.log_context = {
         "document_id": document_id, "user_id": principal.user_id, "connection_id": connection_id
     }
-    expiry_changed = asyncio.Event()
     try:
         await session.join(conn, hello)
         logger.info("connected client %s", hello.client_id[:64], extra=conn.log_context)
-        tasks = [
-            asyncio.create_task(_reader(ws, services, conn, expiry_changed)),
-            asyncio.create_task(outbound.run()),
-            asyncio.create_task(_expiry_watch(conn, expiry_changed)),
-        ]
+        expiry = _ExpiryTimer(conn)
+        reader = asyncio.create_task(_reader(ws, services, conn, expiry))
+        writer = asyncio.create_task(outbound.run())
         try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            done = await _first_done(reader, writer)
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            expiry.cancel()
+            reader.cancel()
+            writer.cancel()
+            await asyncio.gather(reader, writer, return_exceptions=True)
         for task in done:
             exc = None if task.cancelled() else task.exception()
             if exc is not None and not isinstance(exc, WebSocketDisconnect):
@@ -258,26 +256,64 @@ async def _run_connection(
         logger.info("disconnected", extra=conn.log_context)
 
 
+async def _first_done(*tasks: "asyncio.Task[Any]") -> list["asyncio.Task[Any]"]:
+    """The tasks done once the first of them ends (`asyncio.wait` with
+    FIRST_COMPLETED, for less memory per idle connection: one future and a
+    callback per task instead of wait's sets, callbacks and its own future)."""
+    ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def on_done(_: "asyncio.Task[Any]") -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    for task in tasks:
+        task.add_done_callback(on_done)
+    try:
+        await ended
+    finally:
+        for task in tasks:
+            task.remove_done_callback(on_done)
+    return [task for task in tasks if task.done()]
+
+
 async def _wait_for_writer() -> None:
     """After requesting a close: the writer flushes what is queued, then closes
     and ends the connection, which cancels this wait."""
-    await asyncio.Event().wait()
+    await asyncio.get_running_loop().create_future()
 
 
-async def _expiry_watch(conn: Connection, changed: asyncio.Event) -> None:
-    """Close 4001 when the connection's token expires without a refresh."""
-    while True:
-        changed.clear()
-        delay = conn.principal.expires_at - time.time()
+class _ExpiryTimer:
+    """Close 4001 when the connection's token expires without a refresh.
+
+    A loop timer rather than a task that sleeps: an idle connection then holds
+    one `TimerHandle` (about 100 bytes) instead of a task, its coroutine, an
+    Event and `wait_for`'s inner task. `arm` again after each refresh."""
+
+    __slots__ = ("_conn", "_handle")
+    LONGEST_S = 86_400.0  # far-off expiries re-check daily (event loops cap timer delays)
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._handle: asyncio.TimerHandle | None = None
+        self.arm()
+
+    def arm(self) -> None:
+        self.cancel()
+        delay = self._conn.principal.expires_at - time.time()
         if delay <= 0:
-            conn.close(CloseCode.UNAUTHENTICATED, "token expired")
-            return await _wait_for_writer()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), delay)
+            self._conn.close(CloseCode.UNAUTHENTICATED, "token expired")
+            return
+        self._handle = asyncio.get_running_loop().call_later(
+            min(delay, self.LONGEST_S), self.arm)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 async def _reader(
-    ws: WebSocket, services: Services, conn: Connection, expiry_changed: asyncio.Event
+    ws: WebSocket, services: Services, conn: Connection, expiry: _ExpiryTimer
 ) -> None:
     settings, metrics = services.settings, services.metrics
     bucket = TokenBucket(settings.rate_messages_per_s, settings.rate_messages_per_s * 2)
@@ -314,12 +350,12 @@ async def _reader(
             continue
         streak.record_valid()
         metrics.messages_in.labels(result.type).inc()
-        await _dispatch(services, session, conn, result, expiry_changed)
+        await _dispatch(services, session, conn, result, expiry)
 
 
 async def _dispatch(
     services: Services, session: Any, conn: Connection, message: ClientMessage,
-    expiry_changed: asyncio.Event,
+    expiry: _ExpiryTimer,
 ) -> None:
     if conn.is_viewer and message.type not in VIEWER_ALLOWED_TYPES:
         conn.error(ErrorCode.FORBIDDEN, "viewers may not send " + message.type,
@@ -331,7 +367,7 @@ async def _dispatch(
         conn.error(ErrorCode.INVALID_MESSAGE, "hello was already received", reply_to=message.id)
     elif isinstance(message, AuthRefresh):
         _refresh(services, conn, message)
-        expiry_changed.set()
+        expiry.arm()
     else:
         try:
             await session.handle(conn, message)

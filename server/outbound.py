@@ -94,6 +94,14 @@ def _size(item: _Item) -> int:
 
 
 class Outbound:
+    """One connection's writer (see the module docstring). Slotted and lean:
+    an idle connection holds this object, its deque and no more (the writer
+    waits on a plain future created only while it is idle)."""
+
+    __slots__ = ("_abandoned", "_backfill", "_busy", "_held", "_max_bytes", "_max_events",
+                 "_on_idle", "_on_sent", "_queue", "_queued_bytes", "_queued_events", "_send",
+                 "_task", "_user_id", "_waiter", "close_request", "sent_seq")
+
     def __init__(
         self,
         send: Callable[[str], Awaitable[None]],
@@ -116,7 +124,7 @@ class Outbound:
         self._held: list[LoggedEvent] | None = []  # live events that arrive before `begin`
         self._queued_events = 0
         self._queued_bytes = 0
-        self._wake = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None  # set while the writer is idle
         self._busy = False
         self._task: asyncio.Task[CloseRequest] | None = None
         self._abandoned = False
@@ -141,13 +149,18 @@ class Outbound:
         held, self._held = self._held or [], None
         for event in held:
             self.push_event(event)
-        self._wake.set()
+        self._wakeup()
+
+    def _wakeup(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def push_frame(self, type_: str, text: str) -> None:
         if self.close_request is None:
             self._queued_bytes += len(text)
             self._queue.append(_Frame(type_, text))
-            self._wake.set()
+            self._wakeup()
             self._check_bounds()
 
     def push_event(self, event: LoggedEvent) -> None:
@@ -159,7 +172,7 @@ class Outbound:
         self._queued_events += 1
         self._queued_bytes += len(event.frame)
         self._queue.append(event)
-        self._wake.set()
+        self._wakeup()
         self._check_bounds()
 
     def _check_bounds(self) -> None:
@@ -194,7 +207,7 @@ class Outbound:
                 self._abandoned = True
                 task.cancel()
         self._queue.append(request)
-        self._wake.set()
+        self._wakeup()
 
     async def run(self) -> CloseRequest:
         """Send until a close is requested; return it for the endpoint to perform."""
@@ -215,8 +228,11 @@ class Outbound:
                 self._on_idle()
                 if self._queue:
                     break
-                self._wake.clear()
-                await self._wake.wait()
+                self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
             self._busy = True
             for _ in range(min(BATCH, len(self._queue))):
                 item = self._queue.popleft()
@@ -231,12 +247,17 @@ class Outbound:
                     self._queued_bytes -= len(item.frame)
                     if not await self._send_event(item):
                         return self._lost_track()
-                else:
-                    for event in item.events:
-                        if not await self._send_event(event):
-                            return self._lost_track()
+                elif not await self._send_replay(item.events):
+                    return self._lost_track()
+            del item  # an idle writer must not hold the last frame (the welcome, often)
             if self._queue:
                 await asyncio.sleep(0)  # more to send: let other connections' writers run
+
+    async def _send_replay(self, events: list[LoggedEvent]) -> bool:
+        for event in events:
+            if not await self._send_event(event):
+                return False
+        return True
 
     def _lost_track(self) -> CloseRequest:
         """The log no longer holds events this connection missed: make it resume."""
