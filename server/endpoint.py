@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import logging
 import re
-import time
 import uuid
 from typing import Any
 
@@ -43,6 +42,7 @@ from server.connection import Connection
 from server.limits import HandshakeGate, InvalidStreak, TokenBucket
 from server.outbound import Outbound
 from server.services import Services
+from server.tasks import ExpiryTimer, first_done
 from server.transport import TRANSPORT_KEY, finish_close
 
 logger = logging.getLogger("cowrite.endpoint")
@@ -231,11 +231,11 @@ async def _run_connection(
     try:
         await session.join(conn, hello)
         logger.info("connected client %s", hello.client_id[:64], extra=conn.log_context)
-        expiry = _ExpiryTimer(conn)
+        expiry = ExpiryTimer(conn)
         reader = asyncio.create_task(_reader(ws, services, conn, expiry))
         writer = asyncio.create_task(outbound.run())
         try:
-            done = await _first_done(reader, writer)
+            done = await first_done(reader, writer)
         finally:
             expiry.cancel()
             reader.cancel()
@@ -256,64 +256,14 @@ async def _run_connection(
         logger.info("disconnected", extra=conn.log_context)
 
 
-async def _first_done(*tasks: "asyncio.Task[Any]") -> list["asyncio.Task[Any]"]:
-    """The tasks done once the first of them ends (`asyncio.wait` with
-    FIRST_COMPLETED, for less memory per idle connection: one future and a
-    callback per task instead of wait's sets, callbacks and its own future)."""
-    ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def on_done(_: "asyncio.Task[Any]") -> None:
-        if not ended.done():
-            ended.set_result(None)
-
-    for task in tasks:
-        task.add_done_callback(on_done)
-    try:
-        await ended
-    finally:
-        for task in tasks:
-            task.remove_done_callback(on_done)
-    return [task for task in tasks if task.done()]
-
-
 async def _wait_for_writer() -> None:
     """After requesting a close: the writer flushes what is queued, then closes
     and ends the connection, which cancels this wait."""
     await asyncio.get_running_loop().create_future()
 
 
-class _ExpiryTimer:
-    """Close 4001 when the connection's token expires without a refresh.
-
-    A loop timer rather than a task that sleeps: an idle connection then holds
-    one `TimerHandle` (about 100 bytes) instead of a task, its coroutine, an
-    Event and `wait_for`'s inner task. `arm` again after each refresh."""
-
-    __slots__ = ("_conn", "_handle")
-    LONGEST_S = 86_400.0  # far-off expiries re-check daily (event loops cap timer delays)
-
-    def __init__(self, conn: Connection) -> None:
-        self._conn = conn
-        self._handle: asyncio.TimerHandle | None = None
-        self.arm()
-
-    def arm(self) -> None:
-        self.cancel()
-        delay = self._conn.principal.expires_at - time.time()
-        if delay <= 0:
-            self._conn.close(CloseCode.UNAUTHENTICATED, "token expired")
-            return
-        self._handle = asyncio.get_running_loop().call_later(
-            min(delay, self.LONGEST_S), self.arm)
-
-    def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-
 async def _reader(
-    ws: WebSocket, services: Services, conn: Connection, expiry: _ExpiryTimer
+    ws: WebSocket, services: Services, conn: Connection, expiry: ExpiryTimer
 ) -> None:
     settings, metrics = services.settings, services.metrics
     bucket = TokenBucket(settings.rate_messages_per_s, settings.rate_messages_per_s * 2)
@@ -355,7 +305,7 @@ async def _reader(
 
 async def _dispatch(
     services: Services, session: Any, conn: Connection, message: ClientMessage,
-    expiry: _ExpiryTimer,
+    expiry: ExpiryTimer,
 ) -> None:
     if conn.is_viewer and message.type not in VIEWER_ALLOWED_TYPES:
         conn.error(ErrorCode.FORBIDDEN, "viewers may not send " + message.type,

@@ -120,7 +120,7 @@ class Outbound:
         self._user_id = user_id
         self._on_sent = on_sent
         self._on_idle = on_idle
-        self._queue: deque[_Item] = deque()
+        self._queue: deque[_Item] | None = None  # none while idle: a deque is ~700 bytes
         self._held: list[LoggedEvent] | None = []  # live events that arrive before `begin`
         self._queued_events = 0
         self._queued_bytes = 0
@@ -143,13 +143,19 @@ class Outbound:
         """Queue the welcome, then the replay, then live events seen meanwhile."""
         self.sent_seq = start_seq
         if welcome is not None:
-            self._queue.append(welcome)
+            self._put(welcome)
         if replay:
-            self._queue.append(_Replay(replay))
+            self._put(_Replay(replay))
         held, self._held = self._held or [], None
         for event in held:
             self.push_event(event)
         self._wakeup()
+
+    def _put(self, item: _Item) -> None:
+        queue = self._queue
+        if queue is None:
+            queue = self._queue = deque()
+        queue.append(item)
 
     def _wakeup(self) -> None:
         waiter = self._waiter
@@ -159,7 +165,7 @@ class Outbound:
     def push_frame(self, type_: str, text: str) -> None:
         if self.close_request is None:
             self._queued_bytes += len(text)
-            self._queue.append(_Frame(type_, text))
+            self._put(_Frame(type_, text))
             self._wakeup()
             self._check_bounds()
 
@@ -171,7 +177,7 @@ class Outbound:
             return
         self._queued_events += 1
         self._queued_bytes += len(event.frame)
-        self._queue.append(event)
+        self._put(event)
         self._wakeup()
         self._check_bounds()
 
@@ -182,7 +188,7 @@ class Outbound:
         before it. The scan for the largest runs only while over `max_bytes`."""
         over = self._queued_events > self._max_events
         if not over and self._max_bytes and self._queued_bytes > self._max_bytes:
-            largest = max(_size(item) for item in self._queue)
+            largest = max(_size(item) for item in self._queue or ())
             over = self._queued_bytes - largest > self._max_bytes
         if over:
             self.close(CloseRequest(CloseCode.SLOW_CONSUMER, "slow consumer: resume to catch up"),
@@ -199,14 +205,15 @@ class Outbound:
             return
         self.close_request = request
         if drop_pending:
-            self._queue.clear()
+            if self._queue is not None:
+                self._queue.clear()
             self._queued_events = 0
             self._queued_bytes = 0
             task = self._task
             if self._busy and task is not None and task is not asyncio.current_task():
                 self._abandoned = True
                 task.cancel()
-        self._queue.append(request)
+        self._put(request)
         self._wakeup()
 
     async def run(self) -> CloseRequest:
@@ -225,6 +232,7 @@ class Outbound:
         while True:
             while not self._queue:
                 self._busy = False
+                self._queue = None  # freed while idle; `_put` makes a new one
                 self._on_idle()
                 if self._queue:
                     break
@@ -234,8 +242,9 @@ class Outbound:
                 finally:
                     self._waiter = None
             self._busy = True
-            for _ in range(min(BATCH, len(self._queue))):
-                item = self._queue.popleft()
+            queue = self._queue  # only this writer replaces it, and only while idle
+            for _ in range(min(BATCH, len(queue))):
+                item = queue.popleft()
                 if isinstance(item, CloseRequest):
                     return item
                 if isinstance(item, _Frame):
