@@ -22,6 +22,7 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 SERVER_CORE, CLIENT_CORE = 0, 1
+START_POLLS = 1200  # 50 ms apart
 
 
 def pin(pid: int, core: int) -> bool:
@@ -82,7 +83,8 @@ async def server_process(kind: str, **env: str) -> AsyncIterator[Proc]:
     proc = Proc(process, port)
     try:
         async with httpx.AsyncClient() as http:
-            for _ in range(200):
+            # Up to a minute: on a loaded shared machine the imports alone took 15 s.
+            for _ in range(START_POLLS):
                 with contextlib.suppress(httpx.HTTPError):
                     if (await http.get(proc.url("/healthz", "http"))).status_code == 200:
                         break

@@ -211,6 +211,24 @@ async def measure(quick: bool = False) -> dict[str, Any]:
     return out
 
 
+async def measure_idle(quick: bool = False) -> dict[str, Any]:
+    """Only the idle-memory row (`python -m bench.run --idle-memory`): the same
+    measurement as in `measure`, for iterating on per-connection memory."""
+    size = Sizes.of(quick)
+    async with server_process("cowrite") as cowrite:
+        cowrite_kib = await transport.idle_memory(cowrite, size.idle_connections,
+                                                  cowrite=True) / 1024
+    async with server_process("bare") as bare:
+        bare_kib = await transport.idle_memory(bare, size.idle_connections, cowrite=False) / 1024
+    return {"sizes": size.__dict__, "cowrite_idle_kib": cowrite_kib, "bare_idle_kib": bare_kib}
+
+
+def idle_row(m: dict[str, Any]) -> str:
+    return (f"idle memory per connection ({m['sizes']['idle_connections']:,} connections after "
+            f"welcome): cowrite {m['cowrite_idle_kib']:.1f} KiB, bare {m['bare_idle_kib']:.1f} "
+            f"KiB, {_ratio(m['cowrite_idle_kib'], m['bare_idle_kib'])}, goal <= 32 KiB")
+
+
 def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else ""
 

@@ -19,6 +19,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 EXT_START, EXT_END = "<!-- bench-extended:start -->", "<!-- bench-extended:end -->"
 pinned = False
+idle_only = False
 
 
 def table(t: dict[str, float], r: dict[str, float], s: dict[str, float], concurrent: int) -> str:
@@ -89,6 +90,9 @@ def issue_text(m: dict[str, Any]) -> str:
 
 
 async def main_async(quick: bool, write: bool, extended: bool) -> None:
+    if idle_only:
+        print(issue.idle_row(await issue.measure_idle(quick)))
+        return
     m = await issue.measure(quick)
     m["pinned"] = pinned
     text = issue_text(m)
@@ -125,8 +129,11 @@ def main() -> None:
     parser.add_argument("--no-readme", action="store_true", help="print only")
     parser.add_argument("--extended", action="store_true",
                         help="also the older suites: Redis, SSE, load scenarios, memory edges")
+    parser.add_argument("--idle-memory", action="store_true",
+                        help="only the idle-memory row (cowrite and bare), printed")
     args = parser.parse_args()
-    global pinned
+    global pinned, idle_only
+    idle_only = args.idle_memory
     pinned = pin(0, CLIENT_CORE)
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

@@ -42,7 +42,7 @@ def error_event(code: ErrorCode, message: str, *, reply_to: str | None = None,
                  details=details, retry_after_ms=retry_after_ms)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Connection:
     session_id: str
     document_id: str

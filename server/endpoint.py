@@ -5,9 +5,9 @@ Lifecycle of one connection:
    on sockets still handshaking (503, `COWRITE_MAX_PENDING_HANDSHAKES`);
 2. accept (selecting `cowrite.v1` when offered), then `hello` within the
    timeout, authenticated and authorized (4001 / 4003 / 4008);
-3. three tasks: the reader (limits, parsing, routing), the writer
-   (`Outbound`) and the token-expiry watch; when one ends, the others are
-   cancelled, and the connection leaves its session.
+3. two tasks, the reader (limits, parsing, routing) and the writer
+   (`Outbound`), plus a loop timer for the token's expiry; when one task
+   ends, the other is cancelled, and the connection leaves its session.
 
 Every frame is checked at the edge (`decode_frame`): nesting depth
 (`COWRITE_MAX_JSON_DEPTH`) and 64-bit integers, hello included; a refused
@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import logging
 import re
-import time
 import uuid
 from typing import Any
 
@@ -43,6 +42,7 @@ from server.connection import Connection
 from server.limits import HandshakeGate, InvalidStreak, TokenBucket
 from server.outbound import Outbound
 from server.services import Services
+from server.tasks import ExpiryTimer, first_done
 from server.transport import TRANSPORT_KEY, finish_close
 
 logger = logging.getLogger("cowrite.endpoint")
@@ -228,21 +228,19 @@ async def _run_connection(
     conn.log_context = {
         "document_id": document_id, "user_id": principal.user_id, "connection_id": connection_id
     }
-    expiry_changed = asyncio.Event()
     try:
         await session.join(conn, hello)
         logger.info("connected client %s", hello.client_id[:64], extra=conn.log_context)
-        tasks = [
-            asyncio.create_task(_reader(ws, services, conn, expiry_changed)),
-            asyncio.create_task(outbound.run()),
-            asyncio.create_task(_expiry_watch(conn, expiry_changed)),
-        ]
+        expiry = ExpiryTimer(conn)
+        reader = asyncio.create_task(_reader(ws, services, conn, expiry))
+        writer = asyncio.create_task(outbound.run())
         try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            done = await first_done(reader, writer)
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            expiry.cancel()
+            reader.cancel()
+            writer.cancel()
+            await asyncio.gather(reader, writer, return_exceptions=True)
         for task in done:
             exc = None if task.cancelled() else task.exception()
             if exc is not None and not isinstance(exc, WebSocketDisconnect):
@@ -261,23 +259,11 @@ async def _run_connection(
 async def _wait_for_writer() -> None:
     """After requesting a close: the writer flushes what is queued, then closes
     and ends the connection, which cancels this wait."""
-    await asyncio.Event().wait()
-
-
-async def _expiry_watch(conn: Connection, changed: asyncio.Event) -> None:
-    """Close 4001 when the connection's token expires without a refresh."""
-    while True:
-        changed.clear()
-        delay = conn.principal.expires_at - time.time()
-        if delay <= 0:
-            conn.close(CloseCode.UNAUTHENTICATED, "token expired")
-            return await _wait_for_writer()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), delay)
+    await asyncio.get_running_loop().create_future()
 
 
 async def _reader(
-    ws: WebSocket, services: Services, conn: Connection, expiry_changed: asyncio.Event
+    ws: WebSocket, services: Services, conn: Connection, expiry: ExpiryTimer
 ) -> None:
     settings, metrics = services.settings, services.metrics
     bucket = TokenBucket(settings.rate_messages_per_s, settings.rate_messages_per_s * 2)
@@ -314,12 +300,12 @@ async def _reader(
             continue
         streak.record_valid()
         metrics.messages_in.labels(result.type).inc()
-        await _dispatch(services, session, conn, result, expiry_changed)
+        await _dispatch(services, session, conn, result, expiry)
 
 
 async def _dispatch(
     services: Services, session: Any, conn: Connection, message: ClientMessage,
-    expiry_changed: asyncio.Event,
+    expiry: ExpiryTimer,
 ) -> None:
     if conn.is_viewer and message.type not in VIEWER_ALLOWED_TYPES:
         conn.error(ErrorCode.FORBIDDEN, "viewers may not send " + message.type,
@@ -331,7 +317,7 @@ async def _dispatch(
         conn.error(ErrorCode.INVALID_MESSAGE, "hello was already received", reply_to=message.id)
     elif isinstance(message, AuthRefresh):
         _refresh(services, conn, message)
-        expiry_changed.set()
+        expiry.arm()
     else:
         try:
             await session.handle(conn, message)

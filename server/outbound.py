@@ -94,6 +94,14 @@ def _size(item: _Item) -> int:
 
 
 class Outbound:
+    """One connection's writer (see the module docstring). Slotted and lean:
+    an idle connection holds this object, its deque and no more (the writer
+    waits on a plain future created only while it is idle)."""
+
+    __slots__ = ("_abandoned", "_backfill", "_busy", "_held", "_max_bytes", "_max_events",
+                 "_on_idle", "_on_sent", "_queue", "_queued_bytes", "_queued_events", "_send",
+                 "_task", "_user_id", "_waiter", "close_request", "sent_seq")
+
     def __init__(
         self,
         send: Callable[[str], Awaitable[None]],
@@ -112,11 +120,11 @@ class Outbound:
         self._user_id = user_id
         self._on_sent = on_sent
         self._on_idle = on_idle
-        self._queue: deque[_Item] = deque()
+        self._queue: deque[_Item] | None = None  # none while idle: a deque is ~700 bytes
         self._held: list[LoggedEvent] | None = []  # live events that arrive before `begin`
         self._queued_events = 0
         self._queued_bytes = 0
-        self._wake = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None  # set while the writer is idle
         self._busy = False
         self._task: asyncio.Task[CloseRequest] | None = None
         self._abandoned = False
@@ -135,19 +143,30 @@ class Outbound:
         """Queue the welcome, then the replay, then live events seen meanwhile."""
         self.sent_seq = start_seq
         if welcome is not None:
-            self._queue.append(welcome)
+            self._put(welcome)
         if replay:
-            self._queue.append(_Replay(replay))
+            self._put(_Replay(replay))
         held, self._held = self._held or [], None
         for event in held:
             self.push_event(event)
-        self._wake.set()
+        self._wakeup()
+
+    def _put(self, item: _Item) -> None:
+        queue = self._queue
+        if queue is None:
+            queue = self._queue = deque()
+        queue.append(item)
+
+    def _wakeup(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def push_frame(self, type_: str, text: str) -> None:
         if self.close_request is None:
             self._queued_bytes += len(text)
-            self._queue.append(_Frame(type_, text))
-            self._wake.set()
+            self._put(_Frame(type_, text))
+            self._wakeup()
             self._check_bounds()
 
     def push_event(self, event: LoggedEvent) -> None:
@@ -158,8 +177,8 @@ class Outbound:
             return
         self._queued_events += 1
         self._queued_bytes += len(event.frame)
-        self._queue.append(event)
-        self._wake.set()
+        self._put(event)
+        self._wakeup()
         self._check_bounds()
 
     def _check_bounds(self) -> None:
@@ -169,7 +188,7 @@ class Outbound:
         before it. The scan for the largest runs only while over `max_bytes`."""
         over = self._queued_events > self._max_events
         if not over and self._max_bytes and self._queued_bytes > self._max_bytes:
-            largest = max(_size(item) for item in self._queue)
+            largest = max(_size(item) for item in self._queue or ())
             over = self._queued_bytes - largest > self._max_bytes
         if over:
             self.close(CloseRequest(CloseCode.SLOW_CONSUMER, "slow consumer: resume to catch up"),
@@ -186,15 +205,16 @@ class Outbound:
             return
         self.close_request = request
         if drop_pending:
-            self._queue.clear()
+            if self._queue is not None:
+                self._queue.clear()
             self._queued_events = 0
             self._queued_bytes = 0
             task = self._task
             if self._busy and task is not None and task is not asyncio.current_task():
                 self._abandoned = True
                 task.cancel()
-        self._queue.append(request)
-        self._wake.set()
+        self._put(request)
+        self._wakeup()
 
     async def run(self) -> CloseRequest:
         """Send until a close is requested; return it for the endpoint to perform."""
@@ -212,14 +232,19 @@ class Outbound:
         while True:
             while not self._queue:
                 self._busy = False
+                self._queue = None  # freed while idle; `_put` makes a new one
                 self._on_idle()
                 if self._queue:
                     break
-                self._wake.clear()
-                await self._wake.wait()
+                self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
             self._busy = True
-            for _ in range(min(BATCH, len(self._queue))):
-                item = self._queue.popleft()
+            queue = self._queue  # only this writer replaces it, and only while idle
+            for _ in range(min(BATCH, len(queue))):
+                item = queue.popleft()
                 if isinstance(item, CloseRequest):
                     return item
                 if isinstance(item, _Frame):
@@ -231,12 +256,17 @@ class Outbound:
                     self._queued_bytes -= len(item.frame)
                     if not await self._send_event(item):
                         return self._lost_track()
-                else:
-                    for event in item.events:
-                        if not await self._send_event(event):
-                            return self._lost_track()
+                elif not await self._send_replay(item.events):
+                    return self._lost_track()
+            del item  # an idle writer must not hold the last frame (the welcome, often)
             if self._queue:
                 await asyncio.sleep(0)  # more to send: let other connections' writers run
+
+    async def _send_replay(self, events: list[LoggedEvent]) -> bool:
+        for event in events:
+            if not await self._send_event(event):
+                return False
+        return True
 
     def _lost_track(self) -> CloseRequest:
         """The log no longer holds events this connection missed: make it resume."""
