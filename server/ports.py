@@ -5,7 +5,8 @@ than one big interface), so modules depend on what they use and never on
 each other: the session knows a `RunHandler`, the run engine knows an
 `EventLog`, a `RunRegistry`, a `ClusterLink` and a `Presence`. The memory
 and Redis backends implement the registry and presence parts of `Backend`;
-the session implements `EventLog`; `server.agent.remote.RunRouter` is the
+the session implements `EventLog`; `RunRegistry` is defined beside `Backend`
+(server/backends/base.py) and re-exported here; `server.agent.remote.RunRouter` is the
 cluster link.
 """
 
@@ -15,7 +16,7 @@ from typing import Any, Literal, Protocol
 from protocol.base import WireModel
 from protocol.client import ClientMessage, EditorChange
 from protocol.server import DurableServerEvent, FinishedStatus, RunSnapshot
-from server.backends.base import LoggedEvent, LogHead, ResumeFailure
+from server.backends.base import RunRegistry
 from server.connection import Peer
 from server.tools.catalog import ServerToolSpec, ToolInvocation
 from server.tools.config import Workflow
@@ -31,62 +32,6 @@ class EventLog(Protocol):
         ...
 
     async def publish_delta(self, run_id: str, message_id: str, delta: str) -> None: ...
-
-
-class RunRegistry(Protocol):
-    """Which run holds a document, shared by every instance; run records; history."""
-
-    remote: bool
-
-    async def claim_run(self, document_id: str, record: dict[str, Any], lease_s: float
-                        ) -> dict[str, Any] | None: ...
-
-    async def renew_run(self, document_id: str, record: dict[str, Any], lease_s: float
-                        ) -> bool: ...
-
-    async def release_run(self, document_id: str, run_id: str) -> None: ...
-
-    async def active_run(self, document_id: str) -> dict[str, Any] | None: ...
-
-    async def enqueue_run(self, document_id: str, entry: dict[str, Any], limit: int
-                          ) -> int | None:
-        """Append `entry` to the document's run queue: its position (1 = next), or None
-        when `limit` entries already wait (0: no limit)."""
-        ...
-
-    async def queued_runs(self, document_id: str) -> list[dict[str, Any]]: ...
-
-    async def heartbeat(self, instance_id: str, ttl_s: float) -> None: ...
-
-    async def leave(self, instance_id: str) -> None: ...
-
-    async def live_instances(self) -> list[str]:
-        """The instances whose heartbeat has not run out (this one included)."""
-        ...
-
-    async def expire_run_lease(self, document_id: str) -> None: ...
-
-    async def remove_queued(self, document_id: str, run_id: str) -> dict[str, Any] | None:
-        """Take the queued run `run_id` out of the queue (None if it is not there)."""
-        ...
-
-    async def put_run_record(self, document_id: str, run_id: str, record: dict[str, Any]
-                             ) -> None: ...
-
-    async def get_run_record(self, document_id: str, run_id: str) -> dict[str, Any] | None: ...
-
-    async def take_run_slot(self, user_id: str, per_minute: int) -> int: ...
-
-    async def append_history(self, document_id: str, entries: list[dict[str, Any]]) -> None: ...
-
-    async def read_history(self, document_id: str) -> list[dict[str, Any]]: ...
-
-    async def is_present(self, document_id: str, user_id: str, client_id: str) -> bool: ...
-
-    async def head(self, document_id: str) -> LogHead: ...
-
-    async def read_after(self, document_id: str, epoch: str, after_seq: int,
-                         until_seq: int | None = None) -> list[LoggedEvent] | ResumeFailure: ...
 
 
 class ClusterLink(Protocol):
@@ -143,3 +88,7 @@ class RunHandler(Protocol):
     async def shutdown(self) -> None: ...
 
     async def hand_over(self) -> None: ...
+
+
+__all__ = ["ClusterLink", "EventLog", "LocalPresence", "RunHandler", "RunRegistry",
+           "ServerTools"]

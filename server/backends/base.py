@@ -59,25 +59,15 @@ def encode_event_body(event: dict[str, Any]) -> bytes:
         raise UnloggableEvent(f"event {event.get('type')!r} cannot be serialized: {exc}") from exc
 
 
-class Backend(Protocol):
-    # True when an append costs a network round trip (Redis): the session then
-    # lets the agent go on and merges deltas that arrive during an append.
+class RunRegistry(Protocol):
+    """What the run engine needs of the shared backend (`server.ports` re-exports it):
+    the log's head and tail, run records and history, the document's active run and
+    its lease, the run queue, which instances live, executor presence."""
+
+    # True when a call costs a network round trip and other instances share the records
+    # (Redis): checkpoints and lease renewals are then worth making, and the session lets
+    # the agent go on during an append, merging the deltas that arrive meanwhile.
     remote: bool
-
-    async def start(self) -> None: ...
-
-    async def close(self) -> None: ...
-
-    async def ready(self) -> bool:
-        """Whether the backend answers (GET /readyz)."""
-        ...
-
-    # -- the document log (section 3) ------------------------------------
-    async def append(self, document_id: str, event: dict[str, Any]) -> LoggedEvent:
-        """Serialize the event, then stamp `seq` and `ts`, log it and deliver it to
-        listeners. Raises `UnloggableEvent` (nothing logged, no seq used) when the
-        event cannot be serialized."""
-        ...
 
     async def head(self, document_id: str) -> LogHead: ...
 
@@ -88,38 +78,19 @@ class Backend(Protocol):
         or why the log cannot provide all of them."""
         ...
 
-    async def subscribe(self, document_id: str, listener: EventListener) -> None:
-        """Deliver every later event of the document to `listener`, in seq order
-        (events appended elsewhere may arrive late; readers fill gaps from the log)."""
-        ...
-
-    def unsubscribe(self, document_id: str, listener: EventListener) -> None: ...
-
-    # -- conversation history (section 8) ---------------------------------
     async def append_history(self, document_id: str, entries: list[dict[str, Any]]) -> None: ...
 
     async def read_history(self, document_id: str) -> list[dict[str, Any]]: ...
 
-    # -- runs --------------------------------------------------------------
     async def put_run_record(self, document_id: str, run_id: str, record: dict[str, Any]) -> None:
         ...
 
     async def get_run_record(self, document_id: str, run_id: str) -> dict[str, Any] | None: ...
 
-    async def claim_once(self, key: str, ttl_s: float) -> bool:
-        """True the first time `key` is claimed (single-use call tokens)."""
-        ...
-
-    # -- shared limits (section 6a) ----------------------------------------
-    async def acquire_connection(self, user_id: str, connection_id: str, limit: int) -> bool: ...
-
-    async def release_connection(self, user_id: str, connection_id: str) -> None: ...
-
     async def take_run_slot(self, user_id: str, per_minute: int) -> int:
         """0 when a run may start now, else milliseconds until one may."""
         ...
 
-    # -- run ownership across instances ---------------------------------------
     async def claim_run(self, document_id: str, record: dict[str, Any], lease_s: float
                         ) -> dict[str, Any] | None:
         """Make `record` the document's active run; on conflict return the active one."""
@@ -155,6 +126,42 @@ class Backend(Protocol):
         """Take the queued run `run_id` out of the queue (None if it is not there)."""
         ...
 
+    async def is_present(self, document_id: str, user_id: str, client_id: str) -> bool: ...
+
+
+class Backend(RunRegistry, Protocol):
+    """Everything a document session shares beyond one process: the run registry plus
+    the log's appends and fan-out, shared limits, inboxes and presence."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def ready(self) -> bool:
+        """Whether the backend answers (GET /readyz)."""
+        ...
+
+    async def append(self, document_id: str, event: dict[str, Any]) -> LoggedEvent:
+        """Serialize the event, then stamp `seq` and `ts`, log it and deliver it to
+        listeners. Raises `UnloggableEvent` (nothing logged, no seq used) when the
+        event cannot be serialized."""
+        ...
+
+    async def subscribe(self, document_id: str, listener: EventListener) -> None:
+        """Deliver every later event of the document to `listener`, in seq order
+        (events appended elsewhere may arrive late; readers fill gaps from the log)."""
+        ...
+
+    def unsubscribe(self, document_id: str, listener: EventListener) -> None: ...
+
+    async def claim_once(self, key: str, ttl_s: float) -> bool:
+        """True the first time `key` is claimed (single-use call tokens)."""
+        ...
+
+    async def acquire_connection(self, user_id: str, connection_id: str, limit: int) -> bool: ...
+
+    async def release_connection(self, user_id: str, connection_id: str) -> None: ...
+
     async def expired_runs(self, lease_s: float = 10.0) -> list[tuple[str, dict[str, Any]]]:
         """Active runs whose owner stopped renewing, each handed to one caller only,
         which holds their lease for `lease_s` from now (to take them over or end them)."""
@@ -169,5 +176,3 @@ class Backend(Protocol):
     async def set_presence(self, document_id: str, member: str, present: bool) -> None:
         """`member` is "user|client|connection"; presence outlives no instance."""
         ...
-
-    async def is_present(self, document_id: str, user_id: str, client_id: str) -> bool: ...
