@@ -2,6 +2,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from tests.browser_support import (  # the `browser` and `dev_server` fixtures, for
+    browser_fixture,  # noqa: F401 - every browser test module
+    dev_server_fixture,  # noqa: F401
+)
 from tests.harness import Server, running_server
 
 

@@ -13,8 +13,6 @@ import pytest
 
 from protocol.codes import CloseCode
 from tests.browser_support import (
-    browser_fixture,  # noqa: F401 - the `browser` fixture
-    dev_server_fixture,  # noqa: F401 - the `dev_server` fixture
     open_tab,
     pick_scenario,
     scripted,

@@ -18,8 +18,6 @@ import pytest
 from tests.browser_support import (
     ROOT,
     NetworkCut,
-    browser_fixture,  # noqa: F401 - the `browser` fixture
-    dev_server_fixture,  # noqa: F401 - the `dev_server` fixture
     open_tab,
     pick_scenario,
     scripted,

@@ -14,8 +14,6 @@ import orjson
 import pytest
 
 from tests.browser_support import (
-    browser_fixture,  # noqa: F401 - the `browser` fixture
-    dev_server_fixture,  # noqa: F401 - the `dev_server` fixture
     open_tab,
     pick_scenario,
     scripted,

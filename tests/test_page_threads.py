@@ -10,7 +10,6 @@ import orjson
 import pytest
 
 from tests.browser_support import (
-    browser_fixture,  # noqa: F401 - the `browser` fixture
     open_tab,
     pick_scenario,
     scripted,
