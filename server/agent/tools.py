@@ -18,7 +18,6 @@ import orjson
 from protocol.client import ToolSpec
 from server.ports import ServerTools
 
-
 SCHEMA_CHECKS_CACHED = 512
 # canonical schema JSON -> why it is not a valid object schema (None: it is).
 # Editors declare the same few tools on every run.start, and the metaschema
