@@ -66,6 +66,7 @@ class Scenario:
     approvals: int = 0
     chunk_chars: int = 4
     delay_ms: float = 10.0
+    catch_up: bool = False  # the scripted model keeps its own clock (see server/agent/scripted.py)
     cancel_rate: float = 0.0
     edit_rate: float = 0.0
     drop_rate: float = 0.0
@@ -100,7 +101,7 @@ def script(scenario: Scenario, run_index: int, approvals_left: int) -> str:
     steps.append({"say": "".join(f"{i % 10}" * scenario.chunk_chars
                                  for i in range(scenario.deltas))})
     return orjson.dumps({"script": steps, "chunk_chars": scenario.chunk_chars,
-                        "delay_ms": scenario.delay_ms}).decode()
+                        "delay_ms": scenario.delay_ms, "catch_up": scenario.catch_up}).decode()
 
 
 class LoadClient:
@@ -457,6 +458,8 @@ def main() -> None:
         parser.add_argument(f"--{name.replace('_', '-')}", type=float,
                             default=getattr(defaults, name))
     parser.add_argument("--idle", action="store_true", help="connect and hold, no runs")
+    parser.add_argument("--catch-up", action="store_true",
+                        help="scripted pieces due on the model's clock, merged when late")
     args = parser.parse_args()
     if not args.url and not args.spawn:
         parser.error("give --url of a running server, or --spawn")
