@@ -83,7 +83,7 @@ class _Replay:
 class _Unfinished:
     """An inline send that had to wait: the writer finishes it first."""
 
-    send: Continuation
+    send: Awaitable[object]
     seq: int  # 0 for a frame
     type: str
 
@@ -146,7 +146,7 @@ class Outbound:
         inline: bool = False,
     ) -> None:
         self._send = send
-        self._inline = inline  # `send` must then be a coroutine function
+        self._inline = inline
         self._max_events = max_events
         self._max_bytes = max_bytes
         self._backfill = backfill
@@ -202,7 +202,10 @@ class Outbound:
 
     def _send_now(self, text: str, type_: str, seq: int) -> None:
         coro = self._send(text)
-        assert isinstance(coro, Coroutine)
+        if not isinstance(coro, Coroutine):  # not a coroutine function: the writer awaits it
+            self._put(_Unfinished(coro, seq, type_))
+            self._wakeup()
+            return
         try:
             waiting = coro.send(None)
         except StopIteration:

@@ -51,7 +51,7 @@ def parse_script(prompt: str) -> dict[str, Any] | None:
 
 class _Pacer:
     """The scripted streams' clock: one loop timer per due millisecond, shared
-    by every stream due then (one per event loop, which it does not hold)."""
+    by every stream of the model due then (one per event loop)."""
 
     __slots__ = ("_due",)
 
@@ -75,11 +75,11 @@ class _Pacer:
                 future.set_result(None)
 
 
-_pacers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pacer]" = \
-    weakref.WeakKeyDictionary()
-
-
 class ScriptedLLM:
+    def __init__(self) -> None:
+        self._pacers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pacer] = \
+            weakref.WeakKeyDictionary()
+
     async def close(self) -> None:
         return None
 
@@ -106,9 +106,9 @@ class ScriptedLLM:
                 yield TextChunk(say[index * chunk_chars:(index + 1) * chunk_chars])
         elif count:
             loop = asyncio.get_running_loop()
-            pacer = _pacers.get(loop)
+            pacer = self._pacers.get(loop)
             if pacer is None:
-                pacer = _pacers[loop] = _Pacer()
+                pacer = self._pacers[loop] = _Pacer()
             begin, sent = loop.time(), 0
             while sent < count:
                 due = begin + (sent + 1) * delay if catch_up else loop.time() + delay
