@@ -204,37 +204,53 @@ async def takeovers(forks: Forks, redis_url: str, kills: int) -> dict[str, Any]:
             "max_ms": max(times, default=float("nan"))}
 
 
+@dataclass
+class Tally:
+    """One mode's figures over the rounds of `checkpoint_cost`."""
+
+    trips: list[float] = field(default_factory=list)
+    first: list[float] = field(default_factory=list)  # the first 50 round trips of each run
+    last: list[float] = field(default_factory=list)  # and the last 50
+    tool_cpu_s: float = 0.0
+    rates: list[float] = field(default_factory=list)
+    text_cpu_s: float = 0.0
+
+    def summary(self, calls: int, texts: int) -> dict[str, float]:
+        return {"tool_p50_ms": percentile(self.trips, 50),
+                "tool_p99_ms": percentile(self.trips, 99),
+                "tool_first_50_p50_ms": percentile(self.first, 50),
+                "tool_last_50_p50_ms": percentile(self.last, 50),
+                "tool_cpu_us": self.tool_cpu_s / calls * 1e6,
+                "chars_per_s": percentile(self.rates, 50),
+                "text_cpu_s": self.text_cpu_s / texts}
+
+
 async def checkpoint_cost(forks: Forks, redis_url: str, size: Sizes) -> dict[str, Any]:
     instances = {
         "on": await forks.spawn(COWRITE_REDIS_URL=redis_url),
         "off": await forks.spawn(COWRITE_REDIS_URL=redis_url, COWRITE_DURABLE_RUNS="0"),
         "memory": await forks.spawn(),
     }
-    trips: dict[str, list[float]] = {mode: [] for mode in MODES}
-    ends: dict[str, tuple[list[float], list[float]]] = {mode: ([], []) for mode in MODES}
-    rates: dict[str, list[float]] = {mode: [] for mode in MODES}
-    cpu: dict[str, float] = dict.fromkeys(MODES, 0.0)
+    tallies = {mode: Tally() for mode in MODES}
     text_ok = True
     for round_ in range(size.rounds):  # alternating, so drift on the machine hits all three
         for mode, instance in instances.items():
+            tally = tallies[mode]
             before = instance.cpu_s()
-            found = await runs.tool_round_trips(instance, size.calls, f"tools-{mode}-{round_}")
-            cpu[mode] += instance.cpu_s() - before
-            trips[mode] += found
-            ends[mode][0].extend(found[:50])  # a checkpoint holds the whole conversation:
-            ends[mode][1].extend(found[-50:])  # does a round trip cost more late in a run?
             seconds, _, text = await issue.cowrite_text(instance, size.chars,
                                                         f"text-{mode}-{round_}")
+            tally.text_cpu_s += instance.cpu_s() - before
             text_ok = text_ok and text == "y" * size.chars
-            rates[mode].append(size.chars / seconds)
+            tally.rates.append(size.chars / seconds)
+            before = instance.cpu_s()
+            found = await runs.tool_round_trips(instance, size.calls, f"tools-{mode}-{round_}")
+            tally.tool_cpu_s += instance.cpu_s() - before
+            tally.trips += found
+            tally.first += found[:50]  # a checkpoint holds the whole conversation: does
+            tally.last += found[-50:]  # a round trip cost more late in a long run?
     out: dict[str, Any] = {"text_ok": text_ok}
     for mode in MODES:
-        out[mode] = {"tool_p50_ms": percentile(trips[mode], 50),
-                     "tool_p99_ms": percentile(trips[mode], 99),
-                     "tool_first_50_p50_ms": percentile(ends[mode][0], 50),
-                     "tool_last_50_p50_ms": percentile(ends[mode][1], 50),
-                     "tool_cpu_us": cpu[mode] / (size.calls * size.rounds) * 1e6,
-                     "chars_per_s": sorted(rates[mode])[len(rates[mode]) // 2]}
+        out[mode] = tallies[mode].summary(size.calls * size.rounds, size.rounds)
     return out
 
 
@@ -252,7 +268,7 @@ async def measure(quick: bool = False) -> dict[str, Any]:
 
 def rows(m: dict[str, Any]) -> list[tuple[str, str, str, str, str, bool]]:
     """Rows for bench.issue's table: (figure, cowrite, baseline, ratio, goal, met)."""
-    t, c = m["takeover"], m["cost"]
+    t, c, size = m["takeover"], m["cost"], m["sizes"]
     on, off, memory = c["on"], c["off"], c["memory"]
     lease = f"{t['lease_s']:g} s"
     return [
@@ -262,7 +278,11 @@ def rows(m: dict[str, Any]) -> list[tuple[str, str, str, str, str, bool]]:
          f"{t['p50_ms']:,.0f} / {t['p99_ms']:,.0f} ms", "-", "", "<= lease + 1 s",
          t["resumed_once"] == t["kills"] and t["p99_ms"] <= (t["lease_s"] + 1) * 1000),
         ("checkpoint cost: tool round trip p50 / text throughput, Redis with vs without "
-         "checkpoints (`COWRITE_DURABLE_RUNS=0`; bare column); memory backend: "
+         "checkpoints (`COWRITE_DURABLE_RUNS=0`; bare column), "
+         f"{size['rounds']} alternating round{'s' if size['rounds'] != 1 else ''} of a "
+         f"{size['calls']}-call run and "
+         f"{size['chars']:,} chars; server CPU per round trip {on['tool_cpu_us']:,.0f} vs "
+         f"{off['tool_cpu_us']:,.0f} us; memory backend: "
          f"{memory['tool_p50_ms'] * 1000:,.0f} us / {memory['chars_per_s']:,.0f} chars/s",
          f"{on['tool_p50_ms'] * 1000:,.0f} us / {on['chars_per_s']:,.0f} chars/s",
          f"{off['tool_p50_ms'] * 1000:,.0f} us / {off['chars_per_s']:,.0f} chars/s",
