@@ -120,7 +120,9 @@ class RunMachine:
 
     def _call_model(self, state: RunState, out: EffectList) -> RunState:
         step = state.step + 1
-        out.do(Checkpoint(), CallModel())  # a checkpoint per model step (section 13)
+        if self.config.checkpoint_steps:  # a checkpoint per model step (section 13)
+            out.do(Checkpoint())
+        out.do(CallModel())
         if state.edits:  # tell the model what people changed since its last request
             note = {"role": "user", "content": changes_note(state.edits)}
             state = state.evolve(messages=(*state.messages, note), edits=())
