@@ -30,6 +30,7 @@ import re
 import uuid
 from typing import Any
 
+from starlette.datastructures import Headers
 from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -41,7 +42,7 @@ from protocol.server import Error, Pong
 from server.auth import AuthError, Principal
 from server.backends.base import BackendUnavailable
 from server.connection import Connection
-from server.inbound import Closing, Frame, admit, too_large
+from server.inbound import Closing, admit, too_large
 from server.limits import HandshakeGate, InvalidStreak, TokenBucket
 from server.outbound import CloseRequest, Outbound
 from server.services import Services
@@ -53,14 +54,10 @@ logger = logging.getLogger("cowrite.endpoint")
 DOCUMENT_ID_RE = re.compile(DOCUMENT_ID_PATTERN)
 
 
-async def _receive(ws: WebSocket) -> Frame | None:
-    message = await ws.receive()
-    if message["type"] == "websocket.disconnect":
-        return None
-    text = message.get("text")
-    if text is not None:
-        return Frame(text, False)
-    return Frame(None, True)
+def _header(ws: WebSocket, name: str) -> str | None:
+    """A request header, read without `ws.headers`, which would keep a parsed
+    copy on the connection for its whole life."""
+    return Headers(scope=ws.scope).get(name)
 
 
 async def close_bounded(ws: WebSocket, code: int, reason: str, timeout_s: float) -> None:
@@ -77,7 +74,7 @@ async def document_socket(ws: WebSocket) -> None:
     if not DOCUMENT_ID_RE.fullmatch(document_id):
         await ws.send_denial_response(PlainTextResponse("unknown document", status_code=404))
         return
-    origin = ws.headers.get("origin")
+    origin = _header(ws, "origin")
     if settings.allowed_origins and origin is not None and origin not in settings.allowed_origins:
         logger.warning("refused origin %s", origin[:200], extra={"document_id": document_id})
         await ws.send_denial_response(PlainTextResponse("origin not allowed", status_code=403))
@@ -89,7 +86,7 @@ async def document_socket(ws: WebSocket) -> None:
             headers={"Retry-After": "1"}))
         return
     try:
-        offered = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",")]
+        offered = [p.strip() for p in (_header(ws, "sec-websocket-protocol") or "").split(",")]
         await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
     except BaseException:
         gate.leave()
@@ -120,18 +117,19 @@ async def _read_hello(ws: WebSocket, services: Services) -> Hello | None:
     """The first frame as a valid `hello`, or None after refusing the connection."""
     settings = services.settings
     try:
-        frame = await asyncio.wait_for(_receive(ws), settings.hello_timeout_s)
+        received = await asyncio.wait_for(ws.receive(), settings.hello_timeout_s)
     except TimeoutError:
         await _refuse(ws, services, CloseCode.UNAUTHENTICATED, Error(
             code=ErrorCode.NOT_READY, message="no hello within the timeout"))
         return None
-    if frame is None:
+    if received["type"] == "websocket.disconnect":
         return None
-    if frame.text is None or too_large(frame.text, settings.max_message_bytes):
+    text = received.get("text")
+    if text is None or too_large(text, settings.max_message_bytes):
         await _refuse(ws, services, CloseCode.UNAUTHENTICATED, Error(
             code=ErrorCode.INVALID_MESSAGE, message="the first frame must be a hello JSON text"))
         return None
-    decoded = decode_frame(frame.text, settings.max_json_depth)
+    decoded = decode_frame(text, settings.max_json_depth)
     if not isinstance(decoded, ParseFailure) and decoded.get("type") != "hello":
         await _refuse(ws, services, CloseCode.UNAUTHENTICATED, Error(
             code=ErrorCode.NOT_READY, message="the first message must be hello",
@@ -150,7 +148,7 @@ async def _read_hello(ws: WebSocket, services: Services) -> Hello | None:
 
 
 def _bearer(ws: WebSocket) -> str | None:
-    header = ws.headers.get("authorization", "")
+    header = _header(ws, "authorization") or ""
     scheme, _, value = header.partition(" ")
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 
@@ -256,9 +254,10 @@ class _WriterWatch:
 async def _live(ws: WebSocket, services: Services, conn: Connection,
                 session: DocumentSession) -> None:
     """The joined connection: it reads in this (the ASGI) task while its writer
-    runs in a second one; whichever ends first ends the other. No third task
-    and no timer of its own while it idles: the token's expiry is watched by
-    the app's `ExpiryWheel`."""
+    runs in a second one; whichever ends first ends the other. The read loop
+    is inlined and holds no message between frames, and the token's expiry is
+    watched by the app's `ExpiryWheel`: an idle connection is this frame, the
+    writer's task and its objects."""
     settings, metrics, outbound = services.settings, services.metrics, conn.outbound
     expiry = _expiry(ws)
     task = asyncio.current_task()
@@ -269,8 +268,20 @@ async def _live(ws: WebSocket, services: Services, conn: Connection,
     failure: BaseException | None = None
     try:
         expiry.watch(conn)
+        bucket = TokenBucket(settings.rate_messages_per_s, settings.rate_messages_per_s * 2)
+        streak = InvalidStreak(settings.max_invalid_messages)
         try:
-            await _read(ws, services, session, conn, expiry)
+            while True:
+                received = await ws.receive()
+                if received["type"] == "websocket.disconnect":
+                    break
+                message = admit(received.get("text"), services, conn, bucket, streak)
+                del received
+                if isinstance(message, Closing):
+                    await _wait_for_writer()
+                elif message is not None:
+                    await _dispatch(services, session, conn, message, expiry)
+                    del message
         except asyncio.CancelledError:
             if not watch.fired or task.uncancel():
                 raise  # cancelled from outside, not (only) by the writer's end
@@ -314,28 +325,6 @@ async def _wait_for_writer() -> None:
     """After requesting a close: the writer flushes what is queued, then closes
     and ends the connection, which cancels this wait."""
     await asyncio.get_running_loop().create_future()
-
-
-async def _read(
-    ws: WebSocket, services: Services, session: DocumentSession, conn: Connection,
-    expiry: ExpiryWheel,
-) -> None:
-    """Read, check and route frames until the peer leaves. Between frames this
-    frame holds no message: an idle connection keeps nothing it was sent."""
-    settings = services.settings
-    bucket = TokenBucket(settings.rate_messages_per_s, settings.rate_messages_per_s * 2)
-    streak = InvalidStreak(settings.max_invalid_messages)
-    while True:
-        frame = await _receive(ws)
-        if frame is None:
-            return
-        message = admit(frame, services, conn, bucket, streak)
-        del frame
-        if isinstance(message, Closing):
-            return await _wait_for_writer()
-        if message is not None:
-            await _dispatch(services, session, conn, message, expiry)
-            del message
 
 
 async def _dispatch(

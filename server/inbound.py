@@ -18,16 +18,6 @@ from server.limits import InvalidStreak, TokenBucket
 from server.services import Services
 
 
-class Frame:
-    """A received frame: text, or the reason it cannot be used."""
-
-    __slots__ = ("binary", "text")
-
-    def __init__(self, text: str | None, binary: bool) -> None:
-        self.text = text
-        self.binary = binary
-
-
 def too_large(text: str, limit: int) -> bool:
     # A UTF-8 character is at most 4 bytes: short frames need no encoding.
     return len(text) * 4 > limit and len(text.encode()) > limit
@@ -40,20 +30,21 @@ class Closing:
 CLOSING = Closing()
 
 
-def admit(frame: Frame, services: Services, conn: Connection, bucket: TokenBucket,
-           streak: InvalidStreak) -> ClientMessage | Closing | None:
-    """The frame as a message to route; else None once it was answered with an
-    error, or `CLOSING` once a close was requested (too large, 4400 streak)."""
+def admit(text: str | None, services: Services, conn: Connection, bucket: TokenBucket,
+          streak: InvalidStreak) -> ClientMessage | Closing | None:
+    """A frame's text (None: a binary frame) as a message to route; else None
+    once it was answered with an error, or `CLOSING` once a close was
+    requested (too large, 4400 streak)."""
     settings, metrics = services.settings, services.metrics
-    if frame.text is not None and too_large(frame.text, settings.max_message_bytes):
+    if text is not None and too_large(text, settings.max_message_bytes):
         conn.error(ErrorCode.TOO_LARGE, f"frame larger than {settings.max_message_bytes} bytes")
         conn.close(CloseCode.MESSAGE_TOO_BIG, "message too big")
         return CLOSING
     decoded: dict[str, Any] | ParseFailure
-    if frame.text is None:
+    if text is None:
         decoded = ParseFailure(ErrorCode.INVALID_MESSAGE, "binary frames are not accepted")
     else:
-        decoded = decode_frame(frame.text, settings.max_json_depth)
+        decoded = decode_frame(text, settings.max_json_depth)
     retry_after = bucket.take()
     if retry_after:
         conn.error(ErrorCode.RATE_LIMITED, "too many messages", retry_after_ms=retry_after,
