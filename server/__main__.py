@@ -7,6 +7,7 @@ left at warning level so `make run` shows a newcomer nothing else; errors
 (a port in use, say) still print.
 """
 
+import gc
 import ipaddress
 import socket
 import sys
@@ -40,6 +41,28 @@ def browser_url(configured_host: str, bound: tuple[object, ...]) -> str:
     return f"http://{host}:{port}/"
 
 
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def settle_heap() -> None:
+    """Once started, take what start-up built out of the collector's sight.
+
+    Start-up leaves ~155,000 objects (modules, classes, pydantic schemas) that
+    live as long as the process, yet every full collection walked them again:
+    100 ms of CPU each, 163-377 ms seen in a serving process, and a request
+    that arrives meanwhile waits it out (the slowest of the idle abort
+    rounds). `gc.freeze()` moves them to the permanent generation, so full
+    collections walk only what serving created. The youngest generation is
+    collected after 10,000 net allocations instead of 700: an event's
+    short-lived objects die by reference count before a collection sees them.
+    Cyclic garbage still goes, a little later.
+    """
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
+
+
 class AnnouncingServer(DrainingServer):
     """DrainingServer that prints the URL it serves once its socket is bound."""
 
@@ -49,9 +72,10 @@ class AnnouncingServer(DrainingServer):
         self._settings = settings
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
+        await super().startup(sockets)  # the lifespan (imports, warm-ups) ran first
         if not self.started or not self.servers:
             return
+        settle_heap()
         listeners: Sequence[socket.socket] = self.servers[0].sockets
         if not listeners:
             return

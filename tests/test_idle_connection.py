@@ -126,7 +126,7 @@ def _server_tasks() -> list[str]:
         code = getattr(task.get_coro(), "cr_code", None)
         filename = code.co_filename if code is not None else ""
         if "websockets/asyncio" not in filename:
-            names.append(task.get_coro().__qualname__)
+            names.append(str(getattr(task.get_coro(), "__qualname__", "?")))
     return names
 
 
