@@ -4,9 +4,12 @@ calls, tool round trips and approval waits, with ids and no tokens or text."""
 from collections.abc import Iterator
 
 import pytest
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.trace import StatusCode
 
 from server import tracing
 from tests.harness import joined, running_server
@@ -16,7 +19,7 @@ from tests.runs import answer, call, script, start
 @pytest.fixture
 def exporter() -> Iterator[InMemorySpanExporter]:
     spans = InMemorySpanExporter()
-    provider = TracerProvider()
+    provider = TracerProvider(resource=Resource.create({"service.name": "cowrite-test"}))
     provider.add_span_processor(SimpleSpanProcessor(spans))
     tracing.use_provider(provider)
     try:
@@ -64,6 +67,14 @@ async def test_a_run_is_one_trace_with_model_tool_and_approval_children(
     for span in spans:
         values = " ".join(str(v) for v in (span.attributes or {}).values())
         assert "token" not in " ".join(span.attributes or {}) and "Reading" not in values
+        assert span.resource.attributes["service.name"] == "cowrite-test"  # the provider's
+    # A trace viewer draws each child inside its run, in the order things happened.
+    assert run.start_time is not None and run.end_time is not None
+    for child in (*models, *tools, *approvals):
+        assert child.start_time is not None and child.end_time is not None
+        assert run.start_time <= child.start_time <= child.end_time <= run.end_time
+    assert models[0].start_time <= tools[0].start_time <= models[1].start_time  # type: ignore[operator]
+    assert tools[0].end_time <= models[1].start_time  # type: ignore[operator]
 
 
 async def test_no_spans_when_tracing_is_off(exporter: InMemorySpanExporter) -> None:
@@ -72,3 +83,51 @@ async def test_no_spans_when_tracing_is_off(exporter: InMemorySpanExporter) -> N
         await client.recv_until("run.finished")
     assert tracing.active is None
     assert exporter.get_finished_spans() == ()
+
+
+async def test_a_failed_model_call_marks_its_span_and_the_run_as_errors(
+        exporter: InMemorySpanExporter) -> None:
+    async with running_server(otel=True, otel_capture_text=True) as srv, \
+            joined(srv) as (client, _):
+        prompt = script({"fail": "the upstream is down"})
+        ack = await start(client, prompt)
+        finished = await client.recv_until("run.finished")
+    assert finished["status"] == "failed"
+    spans = exporter.get_finished_spans()
+    (run,) = _named(spans, "cowrite.run")
+    (model,) = _named(spans, "cowrite.model_call")
+    assert run.attributes is not None and run.attributes["cowrite.run_id"] == ack["run_id"]
+    assert run.attributes["cowrite.status"] == "failed"
+    assert run.attributes["cowrite.prompt"] == prompt  # COWRITE_OTEL_CAPTURE_TEXT=1
+    assert run.status.status_code is StatusCode.ERROR
+    assert model.status.status_code is StatusCode.ERROR
+    assert model.status.description == finished["error"]["code"] == "upstream_error"
+
+
+async def test_the_providers_sampler_decides_per_run(exporter: InMemorySpanExporter) -> None:
+    """OTEL_TRACES_SAMPLER (here the provider's sampler) is asked once per run: a run
+    it drops makes no spans at all, and the run itself is unaffected."""
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.use_provider(provider)
+    async with running_server(otel=True) as srv, joined(srv) as (client, _):
+        await start(client, script({"tool_calls": [call("read_document")]}, {"say": "ok"}))
+        await answer(client, await client.recv_until("tool.call"), {"text": "doc"})
+        finished = await client.recv_until("run.finished")
+    assert finished["status"] == "completed"
+    assert exporter.get_finished_spans() == ()
+
+
+async def test_runs_work_with_the_dropping_exporter() -> None:
+    """COWRITE_OTEL_EXPORTER=none (the benchmark's setting): spans go through the batch
+    processor to an exporter that drops them; runs are unaffected."""
+    try:
+        async with running_server(otel=True, otel_exporter="none") as srv, \
+                joined(srv) as (client, _):
+            assert tracing.active is not None
+            await start(client, script({"tool_calls": [call("read_document")]}, {"say": "ok"}))
+            await answer(client, await client.recv_until("tool.call"), {"text": "doc"})
+            finished = await client.recv_until("run.finished")
+    finally:
+        tracing.active = None
+    assert finished["status"] == "completed"
