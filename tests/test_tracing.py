@@ -11,7 +11,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import StatusCode
 
-from server import tracing
+from server import tracing, tracing_export
+from server.tracing_export import Converter, SpanBatcher
 from tests.harness import joined, running_server
 from tests.runs import answer, call, script, start
 
@@ -118,16 +119,53 @@ async def test_the_providers_sampler_decides_per_run(exporter: InMemorySpanExpor
     assert exporter.get_finished_spans() == ()
 
 
-async def test_runs_work_with_the_dropping_exporter() -> None:
-    """COWRITE_OTEL_EXPORTER=none (the benchmark's setting): spans go through the batch
-    processor to an exporter that drops them; runs are unaffected."""
+async def test_without_a_provider_spans_go_through_cowrites_exporting_thread(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without `use_provider`, ended spans go to cowrite's exporting thread, which makes
+    them into ReadableSpans of cowrite's resource and exports them by shutdown."""
+    exported = InMemorySpanExporter()
+    kinds: list[str] = []
+
+    def exporter(kind: str) -> InMemorySpanExporter:
+        kinds.append(kind)
+        return exported
+
+    monkeypatch.setattr(tracing_export, "exporter", exporter)
     try:
-        async with running_server(otel=True, otel_exporter="none") as srv, \
+        async with running_server(otel=True, otel_exporter="console") as srv, \
                 joined(srv) as (client, _):
-            assert tracing.active is not None
-            await start(client, script({"tool_calls": [call("read_document")]}, {"say": "ok"}))
+            ack = await start(client, script({"tool_calls": [call("read_document")]},
+                                             {"say": "ok"}))
             await answer(client, await client.recv_until("tool.call"), {"text": "doc"})
-            finished = await client.recv_until("run.finished")
+            assert (await client.recv_until("run.finished"))["status"] == "completed"
+            assert tracing.active is not None
+            tracing.active.shutdown()  # what happens at exit: export what is waiting
     finally:
         tracing.active = None
-    assert finished["status"] == "completed"
+    assert kinds == ["console"]
+    spans = exported.get_finished_spans()
+    assert sorted(s.name for s in spans) == [
+        "cowrite.model_call", "cowrite.model_call", "cowrite.run", "cowrite.tool"]
+    (run,) = _named(spans, "cowrite.run")
+    assert run.attributes is not None and run.attributes["cowrite.run_id"] == ack["run_id"]
+    assert run.parent is None and run.resource.attributes["service.name"] == "cowrite"
+    for child in spans:
+        if child is not run:
+            assert child.parent is not None and child.parent.span_id == run.context.span_id
+            assert child.context.trace_id == run.context.trace_id
+
+
+def test_the_exporting_thread_drops_unsampled_spans_and_exports_the_rest() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    batcher = SpanBatcher(exporter, Converter(provider.resource, provider.id_generator))
+    batcher.add([("cowrite.tool", 10, 20, {"cowrite.status": "ok"}, 7, 0, 9, True, None, None),
+                 ("cowrite.run", 5, 30, {}, 7, 9, 0, True, "failed", None),
+                 ("cowrite.run", 5, 30, {}, 8, 11, 0, False, None, None)])
+    batcher.shutdown()
+    tool, run = exporter.get_finished_spans()
+    assert (tool.name, tool.start_time, tool.end_time) == ("cowrite.tool", 10, 20)
+    assert tool.parent is not None and tool.parent.span_id == 9 == run.context.span_id
+    assert tool.context.trace_id == run.context.trace_id == 7 and run.parent is None
+    assert run.status.status_code is StatusCode.ERROR and run.status.description == "failed"
+    assert tool.status.status_code is StatusCode.UNSET
