@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import edges, issue, runs, scale, scenarios, transport
+from bench import edges, issue, runs, scale, scenarios, tracing, transport
 from bench.common import CLIENT_CORE, pin
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -20,6 +20,7 @@ START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 EXT_START, EXT_END = "<!-- bench-extended:start -->", "<!-- bench-extended:end -->"
 pinned = False
 idle_only = False
+tracing_only = False
 
 
 def table(t: dict[str, float], r: dict[str, float], s: dict[str, float], concurrent: int) -> str:
@@ -81,7 +82,7 @@ def rewrite_readme(text: str, start: str = START, end: str = END) -> None:
 
 
 def issue_text(m: dict[str, Any]) -> str:
-    return issue.table(m) + (
+    return issue.table(m) + "\n" + tracing.table_rows(m["tracing"]) + (
         f"\n\nMeasured {time.strftime('%Y-%m-%d')} with `make bench` (`python -m bench.run`) "
         f"on {platform.machine()}, Python {platform.python_version()}, "
         f"{os.cpu_count()} cores shared with other work; servers pinned to core 0 and the "
@@ -93,7 +94,11 @@ async def main_async(quick: bool, write: bool, extended: bool) -> None:
     if idle_only:
         print(issue.idle_row(await issue.measure_idle(quick)))
         return
+    if tracing_only:
+        print(tracing.text(await tracing.measure(quick)))
+        return
     m = await issue.measure(quick)
+    m["tracing"] = await tracing.measure(quick)
     m["pinned"] = pinned
     text = issue_text(m)
     print(text)
@@ -131,9 +136,11 @@ def main() -> None:
                         help="also the older suites: Redis, SSE, load scenarios, memory edges")
     parser.add_argument("--idle-memory", action="store_true",
                         help="only the idle-memory row (cowrite and bare), printed")
+    parser.add_argument("--tracing", action="store_true",
+                        help="only the tracing-overhead rows (bench.tracing), printed")
     args = parser.parse_args()
-    global pinned, idle_only
-    idle_only = args.idle_memory
+    global pinned, idle_only, tracing_only
+    idle_only, tracing_only = args.idle_memory, args.tracing
     pinned = pin(0, CLIENT_CORE)
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
