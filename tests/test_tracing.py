@@ -159,11 +159,16 @@ def test_the_exporting_thread_drops_unsampled_spans_and_exports_the_rest() -> No
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     batcher = SpanBatcher(exporter, Converter(provider.resource, provider.id_generator))
+    models = [("cowrite.model_call", i, i + 1, {"cowrite.step": i}, 7, 0, 9, True, None, None)
+              for i in range(150)]  # more than one conversion chunk
     batcher.add([("cowrite.tool", 10, 20, {"cowrite.status": "ok"}, 7, 0, 9, True, None, None),
+                 *models,
                  ("cowrite.run", 5, 30, {}, 7, 9, 0, True, "failed", None),
                  ("cowrite.run", 5, 30, {}, 8, 11, 0, False, None, None)])
     batcher.shutdown()
-    tool, run = exporter.get_finished_spans()
+    tool, *steps, run = exporter.get_finished_spans()
+    assert [s.attributes["cowrite.step"] for s in steps if s.attributes] == list(range(150))
+    assert len({s.context.span_id for s in (tool, *steps, run)}) == 152
     assert (tool.name, tool.start_time, tool.end_time) == ("cowrite.tool", 10, 20)
     assert tool.parent is not None and tool.parent.span_id == 9 == run.context.span_id
     assert tool.context.trace_id == run.context.trace_id == 7 and run.parent is None
