@@ -10,8 +10,9 @@ in the oldest generation, and the full collections they brought on (~0.1 s each 
 a loaded server) cost as much CPU as the spans themselves.
 
 `SpanBatcher` is that processor's policy (export 512 at a time, at least every 5 s,
-at most 2,048 waiting, the rest dropped and counted) with the conversion moved into
-its thread, right before the export: the `ReadableSpan`s live only for the export.
+at most 2,048 waiting, the rest dropped and counted; the same `OTEL_BSP_*` variables
+change them) with the conversion moved into its thread, right before the export:
+the `ReadableSpan`s live only for the export.
 Nothing here imports OpenTelemetry until tracing is switched on.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import atexit
 import collections
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -39,7 +41,9 @@ logger = logging.getLogger("cowrite.tracing")
 # state (None: the default)).
 Record = tuple[str, int, int, dict[str, Any], int, int, int, bool, str | None,
                "TraceState | None"]
-MAX_BATCH, MAX_QUEUE, DELAY_S = 512, 2048, 5.0  # BatchSpanProcessor's defaults
+# BatchSpanProcessor's knobs, read from the same variables with the same defaults.
+LIMITS = (("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512), ("OTEL_BSP_MAX_QUEUE_SIZE", 2048),
+          ("OTEL_BSP_SCHEDULE_DELAY", 5000))
 CHUNK = 64  # records converted between two chances for the event loop to take the GIL
 
 
@@ -97,6 +101,9 @@ class SpanBatcher:
     def __init__(self, exporter: SpanExporter, convert: Callable[[Sequence[Record]],
                                                                  list[ReadableSpan]]) -> None:
         self._exporter, self._convert = exporter, convert
+        self._batch, self._max_queue, delay_ms = (_positive(name, default)
+                                                  for name, default in LIMITS)
+        self._delay_s = delay_ms / 1000
         self._queue: collections.deque[Record] = collections.deque()
         self._wake = threading.Event()
         self._stopping = False
@@ -108,24 +115,24 @@ class SpanBatcher:
 
     def add(self, records: list[Record]) -> None:
         queue = self._queue
-        room = MAX_QUEUE - len(queue)
+        room = self._max_queue - len(queue)
         if len(records) > room:
             if not self.dropped:
                 logger.warning("spans are ended faster than they are exported; dropping")
             self.dropped += len(records) - max(room, 0)
             records = records[:max(room, 0)]
         queue.extend(records)
-        if len(queue) >= MAX_BATCH and not self._wake.is_set():
+        if len(queue) >= self._batch and not self._wake.is_set():
             self._wake.set()
 
     def _work(self) -> None:
         queue = self._queue
         while True:
-            self._wake.wait(DELAY_S)
+            self._wake.wait(self._delay_s)
             self._wake.clear()  # before draining: a wake-up during the drain is not lost
             stopping = self._stopping
             while queue:
-                batch = [queue.popleft() for _ in range(min(MAX_BATCH, len(queue)))]
+                batch = [queue.popleft() for _ in range(min(self._batch, len(queue)))]
                 sampled = [record for record in batch if record[7]]
                 try:
                     if sampled:
@@ -154,6 +161,18 @@ class SpanBatcher:
         self._thread.join(timeout_s)
         self._exporter.shutdown()
         atexit.unregister(self.shutdown)
+
+
+def _positive(name: str, default: int) -> int:
+    raw = os.environ.get(name, "")
+    try:
+        value = int(raw) if raw else default
+    except ValueError:
+        value = 0
+    if value <= 0:
+        logger.warning("%s=%r is not a positive integer; using %d", name, raw, default)
+        return default
+    return value
 
 
 def dropping_exporter() -> SpanExporter:

@@ -1,6 +1,7 @@
 """OpenTelemetry traces (COWRITE_OTEL=1): a run span whose children are its model
 calls, tool round trips and approval waits, with ids and no tokens or text."""
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -174,3 +175,21 @@ def test_the_exporting_thread_drops_unsampled_spans_and_exports_the_rest() -> No
     assert tool.context.trace_id == run.context.trace_id == 7 and run.parent is None
     assert run.status.status_code is StatusCode.ERROR and run.status.description == "failed"
     assert tool.status.status_code is StatusCode.UNSET
+
+
+def test_spans_are_exported_within_otel_bsp_schedule_delay(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """A quiet server still exports what ended, after the schedule delay (the SDK's
+    variable; 5 s by default), not only when 512 spans wait."""
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    batcher = SpanBatcher(exporter, Converter(provider.resource, provider.id_generator))
+    try:
+        batcher.add([("cowrite.run", 5, 30, {}, 7, 9, 0, True, None, None)])
+        deadline = time.monotonic() + 3  # well inside the default 5 s
+        while not exporter.get_finished_spans() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [span.name for span in exporter.get_finished_spans()] == ["cowrite.run"]
+    finally:
+        batcher.shutdown()
