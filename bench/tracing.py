@@ -26,7 +26,8 @@ fallback where schedstat is missing.
 The machine these run on is shared: CPU time per round trip moves by 10-30%
 between runs and the paired ratios by a few percent even with 25 pairs.
 `python -m bench.tracing --callgrind` counts the servers' instructions per
-round trip under valgrind instead (a few minutes, load-independent to ~1%).
+round trip under valgrind instead (about a minute per server; the counts do
+not depend on the load, yet identical servers differ by ~2%).
 
 `python -m bench.tracing` runs it alone and prints the rows (as does `python
 -m bench.run --tracing`); `make bench` adds the rows to README's table.
@@ -181,9 +182,9 @@ def rows(m: dict[str, Any]) -> list[tuple[str, str, str, str, str, bool]]:
     on, off, text_on = m["tool_on_ratio"], m["tool_off_ratio"], m["text_on_ratio"]
     return [
         ("tracing overhead: server CPU per client tool round trip, tracing on with a no-op "
-         "exporter (bare column: off; median of "
-         f"{m['reps']} alternating runs of {m['calls']} round trips, {m['rounds']} sets of "
-         "servers)",
+         f"exporter (bare column: off; medians of {m['reps']} alternating runs of "
+         f"{m['calls']} round trips on {m['rounds']} sets of servers; ratio: the median of "
+         "the runs' paired ratios)",
          f"{m['tool_on_us']:.0f} us", f"{m['tool_off_us']:.0f} us", f"{on:.3f}x",
          "<= 1.05x", on <= 1.05),
         ("tracing off: server CPU per client tool round trip (bare column: a server where "
@@ -191,7 +192,7 @@ def rows(m: dict[str, Any]) -> list[tuple[str, str, str, str, str, bool]]:
          f"one attribute test per decision, costs {m['hook_off_ns']:.0f} ns of the round "
          "trip's two decisions)",
          f"{m['tool_off_us']:.0f} us", f"{m['tool_no_sdk_us']:.0f} us", f"{off:.3f}x",
-         "zero when off (1.00x +- noise)", off <= 1.03),
+         "zero when off (<= 1.03x: noise)", off <= 1.03),
         (f"tracing overhead: server CPU per delta of a text stream ({m['chars']:,} chars in "
          "2-char deltas), on with a no-op exporter (bare column: off)",
          f"{m['text_on_us']:.2f} us", f"{m['text_off_us']:.2f} us", f"{text_on:.3f}x",
@@ -284,7 +285,8 @@ async def _counted(proc: Proc, out: str, work: Any, *args: Any) -> float:
 async def measure_callgrind(quick: bool = False) -> dict[str, Any]:
     """Instructions per tool round trip for the three servers, one after the other (about
     a minute each). Instructions do not depend on what else the machine runs; they still
-    move ~1% between identical servers (event-loop wake-ups depend on timing). Deltas
+    differ by ~2% between identical servers (timers and event-loop wake-ups follow wall
+    time, which valgrind stretches). Deltas
     are not measured this way: under callgrind the server is so slow that deltas merge
     differently from one run to the next."""
     calls = 30 if quick else 200
