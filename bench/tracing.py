@@ -183,7 +183,8 @@ def rows(m: dict[str, Any]) -> list[tuple[str, str, str, str, str, bool]]:
     return [
         ("tracing overhead: server CPU per client tool round trip, tracing on with a no-op "
          f"exporter (bare column: off; medians of {m['reps']} alternating runs of "
-         f"{m['calls']} round trips on {m['rounds']} sets of servers; ratio: the median of "
+         f"{m['calls']} round trips on {m['rounds']} set{'s' * (m['rounds'] != 1)} of servers; "
+         "ratio: the median of "
          "the runs' paired ratios)",
          f"{m['tool_on_us']:.0f} us", f"{m['tool_off_us']:.0f} us", f"{on:.3f}x",
          "<= 1.05x", on <= 1.05),
