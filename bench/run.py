@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from bench import durable, edges, issue, runs, scale, scenarios, transport
+from bench import durable, edges, issue, runs, scale, scenarios, tracing, transport
 from bench.common import CLIENT_CORE, pin
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -25,6 +25,7 @@ EXT_START, EXT_END = "<!-- bench-extended:start -->", "<!-- bench-extended:end -
 pinned = False
 idle_only = False
 durable_only = False
+tracing_only = False
 
 
 def table(t: dict[str, float], r: dict[str, float], s: dict[str, float], concurrent: int) -> str:
@@ -86,7 +87,8 @@ def rewrite_readme(text: str, start: str = START, end: str = END) -> None:
 
 
 def issue_text(m: dict[str, Any]) -> str:
-    return issue.table(m, durable.rows(m["durable"])) + (
+    return issue.table(m, durable.rows(m["durable"])) + "\n" + tracing.table_rows(
+        m["tracing"]) + (
         f"\n\nMeasured {time.strftime('%Y-%m-%d')} with `make bench` (`python -m bench.run`) "
         f"on {platform.machine()}, Python {platform.python_version()}, "
         f"{os.cpu_count()} cores shared with other work; servers pinned to core 0 and the "
@@ -103,8 +105,12 @@ async def main_async(quick: bool, write: bool, extended: bool) -> None:
         print(orjson.dumps(found, option=orjson.OPT_INDENT_2).decode())
         print(issue.render(durable.rows(found)))
         return
+    if tracing_only:
+        print(tracing.text(await tracing.measure(quick)))
+        return
     m = await issue.measure(quick)
     m["durable"] = await durable.measure(quick)
+    m["tracing"] = await tracing.measure(quick)
     m["pinned"] = pinned
     text = issue_text(m)
     print(text)
@@ -144,9 +150,11 @@ def main() -> None:
                         help="only the idle-memory row (cowrite and bare), printed")
     parser.add_argument("--durable", action="store_true",
                         help="only issue 12's rows (takeover time, checkpoint cost), printed")
+    parser.add_argument("--tracing", action="store_true",
+                        help="only the tracing-overhead rows (bench.tracing), printed")
     args = parser.parse_args()
-    global pinned, idle_only, durable_only
-    idle_only, durable_only = args.idle_memory, args.durable
+    global pinned, idle_only, durable_only, tracing_only
+    idle_only, durable_only, tracing_only = args.idle_memory, args.durable, args.tracing
     pinned = pin(0, CLIENT_CORE)
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
