@@ -5,6 +5,10 @@ frames of about S bytes. `/echo`: every frame is sent straight back.
 `/abortable`: like a cowrite document, a `run.start` starts a stream of
 `message.delta` frames (8 characters every 5 ms); any other frame stops it
 and is answered `run.finished` (the bare cost of an abort).
+`/tool`: like a cowrite tool round trip without the agent: every frame (a
+`tool.result`) is parsed and answered with the three frames cowrite sends for
+it (`tool.done`, the `ack`, the next `tool.call`), for the floor of the same
+traffic in this stack.
 `/healthz` for readiness. No cowrite code runs here.
 """
 
@@ -55,6 +59,30 @@ async def echo(ws: WebSocket) -> None:
         pass
 
 
+async def tool(ws: WebSocket) -> None:
+    await ws.accept()
+    seq = 0
+    try:
+        while True:
+            result = orjson.loads(await ws.receive_text())
+            call_id = str(result.get("call_id", "call_0"))
+            seq += 2
+            await ws.send_text(orjson.dumps({
+                "type": "tool.done", "run_id": "run_0123456789abcdef", "call_id": call_id,
+                "status": "ok", "output": result.get("output"), "seq": seq - 1,
+                "ts": 1_700_000_000_000}).decode())
+            await ws.send_text(orjson.dumps({
+                "type": "ack", "run_id": "run_0123456789abcdef", "call_id": call_id,
+                "status": "accepted"}).decode())
+            await ws.send_text(orjson.dumps({
+                "type": "tool.call", "run_id": "run_0123456789abcdef",
+                "call_id": f"call_{seq:010d}", "name": "read_document", "arguments": {},
+                "executor": "client", "client_id": "executor", "token": "t" * 120,
+                "expires_at": 1_700_000_060_000, "seq": seq, "ts": 1_700_000_000_000}).decode())
+    except WebSocketDisconnect:
+        pass
+
+
 async def _deltas(ws: WebSocket) -> None:
     seq = 0
     while True:
@@ -91,7 +119,7 @@ async def healthz(_: Request) -> Response:
 
 
 app = Starlette(routes=[Route("/healthz", healthz), WebSocketRoute("/stream", stream),
-                        WebSocketRoute("/echo", echo),
+                        WebSocketRoute("/echo", echo), WebSocketRoute("/tool", tool),
                         WebSocketRoute("/abortable", abortable)])
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import jwt
@@ -46,6 +46,12 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class Served(Protocol):
+    """A server the client can reach: a `Proc`, or a forked instance (`bench.durable`)."""
+
+    def url(self, path: str, scheme: str = "ws") -> str: ...
+
+
 @dataclass
 class Proc:
     process: asyncio.subprocess.Process
@@ -64,16 +70,20 @@ class Proc:
         return f"{scheme}://127.0.0.1:{self.port}{path}"
 
 
+def server_env(port: int, **env: str) -> dict[str, str]:
+    """A bench server's environment: the bench's JWT secret, no rate limits, `env` last."""
+    return {**os.environ, "COWRITE_PORT": str(port), "COWRITE_JWT_SECRET": BENCH_SECRET,
+            "COWRITE_LOG_LEVEL": "warning", "COWRITE_RATE_MESSAGES_PER_S": "0",
+            "COWRITE_RATE_RUNS_PER_MIN": "0", "COWRITE_MAX_CONNECTIONS_PER_USER": "0",
+            "COWRITE_MAX_STEPS": "100000", **env}
+
+
 @contextlib.asynccontextmanager
 async def server_process(kind: str, **env: str) -> AsyncIterator[Proc]:
     """`kind` is "cowrite" (python -m server), "bare" (bench.bare_server) or
     "sse" (bench.sse_server)."""
     port = free_port()
-    environment = {**os.environ, "COWRITE_PORT": str(port), "COWRITE_JWT_SECRET": BENCH_SECRET,
-                   "COWRITE_LOG_LEVEL": "warning", "COWRITE_RATE_MESSAGES_PER_S": "0",
-                   "COWRITE_RATE_RUNS_PER_MIN": "0", "COWRITE_MAX_CONNECTIONS_PER_USER": "0",
-                   "COWRITE_MAX_STEPS": "100000",
-                   **env}
+    environment = server_env(port, **env)
     module = {"cowrite": "server", "bare": "bench.bare_server", "sse": "bench.sse_server",
               "upstream": "bench.upstream"}[kind]
     process = await asyncio.create_subprocess_exec(
@@ -83,15 +93,7 @@ async def server_process(kind: str, **env: str) -> AsyncIterator[Proc]:
     pin(process.pid, SERVER_CORE)
     proc = Proc(process, port)
     try:
-        async with httpx.AsyncClient() as http:
-            # Up to a minute: on a loaded shared machine the imports alone took 15 s.
-            for _ in range(START_POLLS):
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await http.get(proc.url("/healthz", "http"))).status_code == 200:
-                        break
-                await asyncio.sleep(0.05)
-            else:
-                raise RuntimeError(f"{kind} server did not start")
+        await wait_ready(proc, kind)
         yield proc
     finally:
         if process.returncode is None:
@@ -103,12 +105,24 @@ async def server_process(kind: str, **env: str) -> AsyncIterator[Proc]:
             await process.wait()
 
 
+async def wait_ready(server: Served, kind: str = "cowrite") -> None:
+    """Until `GET /healthz` answers 200: up to a minute, since on a loaded shared
+    machine the imports alone took 15 s."""
+    async with httpx.AsyncClient() as http:
+        for _ in range(START_POLLS):
+            with contextlib.suppress(httpx.HTTPError):
+                if (await http.get(server.url("/healthz", "http"))).status_code == 200:
+                    return
+            await asyncio.sleep(0.05)
+    raise RuntimeError(f"{kind} server did not start")
+
+
 def bench_token(sub: str = "bench") -> str:
     return jwt.encode({"sub": sub, "docs": ["*"], "exp": int(time.time()) + 3600}, BENCH_SECRET,
                       algorithm="HS256")
 
 
-async def cowrite_join(proc: Proc, document_id: str, client_id: str, sub: str = "bench"
+async def cowrite_join(proc: Served, document_id: str, client_id: str, sub: str = "bench"
                        ) -> tuple[ClientConnection, dict[str, Any]]:
     ws = await connect(proc.url(f"/v1/documents/{document_id}/ws"), compression=None,
                        max_size=None, ping_interval=None)

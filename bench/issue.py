@@ -34,7 +34,7 @@ import orjson
 from websockets.asyncio.client import ClientConnection, connect
 
 from bench import editbench, load, runs, transport
-from bench.common import Proc, cowrite_join, percentile, script_prompt, server_process
+from bench.common import Proc, Served, cowrite_join, percentile, script_prompt, server_process
 
 CHARS = 200_000
 
@@ -94,10 +94,11 @@ async def bare_text(proc: Proc, chars: int) -> float:
         return time.perf_counter() - t0
 
 
-async def cowrite_text(proc: Proc, chars: int) -> tuple[float, int, str]:
+async def cowrite_text(proc: Served, chars: int, document_id: str = "bench-text"
+                       ) -> tuple[float, int, str]:
     """Seconds for cowrite to deliver a run of `chars` characters in 2-character
     deltas, the frames it took, and the text as received (checked by the caller)."""
-    ws, _ = await cowrite_join(proc, "bench-text", "reader")
+    ws, _ = await cowrite_join(proc, document_id, "reader")
     async with ws:
         t0 = time.perf_counter()
         await ws.send(orjson.dumps({"type": "run.start", "prompt": script_prompt(
@@ -233,12 +234,23 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else ""
 
 
-def table(m: dict[str, Any]) -> str:
+Row = tuple[str, str, str, str, str, bool]  # figure, cowrite, bare, ratio, goal, met
+
+
+def render(rows: "list[Row]") -> str:
+    lines = ["| figure | cowrite | bare | ratio | goal | met |", "|---|---|---|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} | {d} | {e} | {'yes' if ok else 'NO'} |"
+              for a, b, c, d, e, ok in rows]
+    return "\n".join(lines)
+
+
+def table(m: dict[str, Any], extra: "list[Row] | None" = None) -> str:
+    """Issue 16's rows (and issue 13's), then `extra` (issue 12's, `bench.durable`)."""
     size = m["sizes"]
     cold = m["cold_first_ms"]
     cold_text = (f"{min(cold):.1f}-{max(cold):.1f} ms" if len(cold) > 1 else f"{cold[0]:.1f} ms")
     penalty = max(cold) - m["warm_first_ms"]
-    rows = [
+    rows: list[Row] = [
         ("client tool round trip p50 (tool.result -> next tool.call)",
          f"{m['cowrite_tool_p50_ms'] * 1000:.0f} us", f"{m['bare_tool_p50_ms'] * 1000:.0f} us",
          _ratio(m["cowrite_tool_p50_ms"], m["bare_tool_p50_ms"]), "<= 2x bare",
@@ -270,7 +282,4 @@ def table(m: dict[str, Any]) -> str:
          f"{m['idle_frames']} of {m['idle_deltas']}", "", "", "all",
          m["idle_frames"] == m["idle_deltas"]),
     ]
-    lines = ["| figure | cowrite | bare | ratio | goal | met |", "|---|---|---|---|---|---|"]
-    lines += [f"| {a} | {b} | {c} | {d} | {e} | {'yes' if ok else 'NO'} |"
-              for a, b, c, d, e, ok in rows]
-    return "\n".join(lines)
+    return render(rows + (extra or []))

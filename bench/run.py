@@ -1,7 +1,9 @@
 """`make bench` / `python -m bench.run`: measure issue 16's figures (`bench.issue`),
-cowrite beside the bare app in one invocation, print the table and rewrite
-README's benchmark table (between the bench markers). `--extended` adds the
-older suites (Redis, SSE, load scenarios, memory at the edges), a few minutes more."""
+cowrite beside the bare app in one invocation, and issue 12's durable-run rows
+(`bench.durable`: takeover time, checkpoint cost), print the table and rewrite
+README's benchmark table (between the bench markers). `--durable` measures and
+prints only issue 12's rows. `--extended` adds the older suites (Redis, SSE, load
+scenarios, memory at the edges), a few minutes more."""
 
 import argparse
 import asyncio
@@ -12,7 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import edges, issue, runs, scale, scenarios, transport
+import orjson
+
+from bench import durable, edges, issue, runs, scale, scenarios, tracing, transport
 from bench.common import CLIENT_CORE, pin
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -20,6 +24,8 @@ START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 EXT_START, EXT_END = "<!-- bench-extended:start -->", "<!-- bench-extended:end -->"
 pinned = False
 idle_only = False
+durable_only = False
+tracing_only = False
 
 
 def table(t: dict[str, float], r: dict[str, float], s: dict[str, float], concurrent: int) -> str:
@@ -81,7 +87,8 @@ def rewrite_readme(text: str, start: str = START, end: str = END) -> None:
 
 
 def issue_text(m: dict[str, Any]) -> str:
-    return issue.table(m) + (
+    return issue.table(m, durable.rows(m["durable"])) + "\n" + tracing.table_rows(
+        m["tracing"]) + (
         f"\n\nMeasured {time.strftime('%Y-%m-%d')} with `make bench` (`python -m bench.run`) "
         f"on {platform.machine()}, Python {platform.python_version()}, "
         f"{os.cpu_count()} cores shared with other work; servers pinned to core 0 and the "
@@ -93,7 +100,17 @@ async def main_async(quick: bool, write: bool, extended: bool) -> None:
     if idle_only:
         print(issue.idle_row(await issue.measure_idle(quick)))
         return
+    if durable_only:
+        found = await durable.measure(quick)
+        print(orjson.dumps(found, option=orjson.OPT_INDENT_2).decode())
+        print(issue.render(durable.rows(found)))
+        return
+    if tracing_only:
+        print(tracing.text(await tracing.measure(quick)))
+        return
     m = await issue.measure(quick)
+    m["durable"] = await durable.measure(quick)
+    m["tracing"] = await tracing.measure(quick)
     m["pinned"] = pinned
     text = issue_text(m)
     print(text)
@@ -131,9 +148,13 @@ def main() -> None:
                         help="also the older suites: Redis, SSE, load scenarios, memory edges")
     parser.add_argument("--idle-memory", action="store_true",
                         help="only the idle-memory row (cowrite and bare), printed")
+    parser.add_argument("--durable", action="store_true",
+                        help="only issue 12's rows (takeover time, checkpoint cost), printed")
+    parser.add_argument("--tracing", action="store_true",
+                        help="only the tracing-overhead rows (bench.tracing), printed")
     args = parser.parse_args()
-    global pinned, idle_only
-    idle_only = args.idle_memory
+    global pinned, idle_only, durable_only, tracing_only
+    idle_only, durable_only, tracing_only = args.idle_memory, args.durable, args.tracing
     pinned = pin(0, CLIENT_CORE)
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

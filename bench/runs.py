@@ -9,7 +9,15 @@ import time
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
 
-from bench.common import READ_TOOL, Proc, cowrite_join, percentile, script_prompt, server_process
+from bench.common import (
+    READ_TOOL,
+    Proc,
+    Served,
+    cowrite_join,
+    percentile,
+    script_prompt,
+    server_process,
+)
 
 LONG_STREAM = script_prompt("lorem ipsum " * 2000, chunk_chars=8, delay_ms=5)
 
@@ -54,8 +62,9 @@ async def abort_latency(proc: Proc, concurrent: int, rounds: int) -> list[float]
     return latencies
 
 
-async def tool_round_trips(proc: Proc, calls: int) -> list[float]:
-    ws, _ = await cowrite_join(proc, "tools", "executor")
+async def tool_round_trips(proc: Served, calls: int, document_id: str = "tools"
+                           ) -> list[float]:
+    ws, _ = await cowrite_join(proc, document_id, "executor")
     trips: list[float] = []
     async with ws:
         await ws.send(orjson.dumps({"type": "run.start", "tools": [READ_TOOL],

@@ -86,23 +86,24 @@ def build_services(settings: Settings, tools: ToolCatalog | None = None) -> Serv
         max_steps=settings.max_steps,
     )
     auth, metrics, instance_id = Authenticator(settings), Metrics(), uuid.uuid4().hex[:12]
+    durable = settings.durable_runs and settings.redis_url is not None  # section 13
     machine = RunMachine(MachineConfig(
         signer=auth, tool_timeout_s=settings.tool_timeout_s,
         approval_timeout_s=settings.approval_timeout_s, run_timeout_s=settings.run_timeout_s,
-        client_grace_s=settings.client_grace_s))
+        client_grace_s=settings.client_grace_s, checkpoint_steps=durable))
 
     def session_factory(document_id: str) -> DocumentSession:
         def runs(session: DocumentSession) -> RunCoordinator:
             return RunCoordinator(document_id, session, session, env,
                                   on_idle=lambda: hub.release(session))
         return DocumentSession(document_id, backend, limits, runs,
-                               FEATURES + (("durable_runs",) if settings.redis_url else ()))
+                               FEATURES + (("durable_runs",) if durable else ()))
 
     if isinstance(backend, MemoryBackend):
         metrics.watch_memory_documents(lambda: backend.document_count)
     hub = SessionHub(session_factory)
     router = RunRouter(backend, hub, machine, metrics, instance_id, settings.run_lease_s,
-                       settings.run_timeout_s)
+                       settings.run_timeout_s, durable=durable)
     env = RunEnvironment(settings=settings, registry=backend, cluster=router,
                          llm=make_llm(settings), machine=machine, metrics=metrics,
                          instance_id=instance_id, tools=tools)

@@ -51,6 +51,7 @@ class Connection:
     outbound: Outbound
     metrics: Metrics
     log_context: dict[str, Any] = field(default_factory=dict)
+    expiry_second: int | None = None  # the `ExpiryWheel` bucket holding it, if any
 
     @property
     def user_id(self) -> str:

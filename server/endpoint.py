@@ -5,9 +5,11 @@ Lifecycle of one connection:
    on sockets still handshaking (503, `COWRITE_MAX_PENDING_HANDSHAKES`);
 2. accept (selecting `cowrite.v1` when offered), then `hello` within the
    timeout, authenticated and authorized (4001 / 4003 / 4008);
-3. two tasks, the reader (limits, parsing, routing) and the writer
-   (`Outbound`), plus a loop timer for the token's expiry; when one task
-   ends, the other is cancelled, and the connection leaves its session.
+3. the ASGI task reads (limits, parsing, routing: `server.inbound`) while a
+   second task writes (`Outbound`); the app's `ExpiryWheel` watches the
+   token's expiry; when either ends, the other is cancelled, and the
+   connection leaves its session. Nothing of the handshake (hello, token)
+   stays referenced once the connection is live.
 
 Every frame is checked at the edge (`decode_frame`): nesting depth
 (`COWRITE_MAX_JSON_DEPTH`) and 64-bit integers, hello included; a refused
@@ -28,6 +30,7 @@ import re
 import uuid
 from typing import Any
 
+from starlette.datastructures import Headers
 from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -39,39 +42,22 @@ from protocol.server import Error, Pong
 from server.auth import AuthError, Principal
 from server.backends.base import BackendUnavailable
 from server.connection import Connection
+from server.inbound import Closing, admit, too_large
 from server.limits import HandshakeGate, InvalidStreak, TokenBucket
-from server.outbound import Outbound
+from server.outbound import CloseRequest, Outbound
 from server.services import Services
-from server.tasks import ExpiryTimer, first_done
+from server.session import DocumentSession
+from server.tasks import ExpiryWheel
 from server.transport import TRANSPORT_KEY, finish_close
 
 logger = logging.getLogger("cowrite.endpoint")
 DOCUMENT_ID_RE = re.compile(DOCUMENT_ID_PATTERN)
 
 
-class _Frame:
-    """A received frame: text, or the reason it cannot be used."""
-
-    __slots__ = ("binary", "text")
-
-    def __init__(self, text: str | None, binary: bool) -> None:
-        self.text = text
-        self.binary = binary
-
-
-async def _receive(ws: WebSocket) -> _Frame | None:
-    message = await ws.receive()
-    if message["type"] == "websocket.disconnect":
-        return None
-    text = message.get("text")
-    if text is not None:
-        return _Frame(text, False)
-    return _Frame(None, True)
-
-
-def _too_large(text: str, limit: int) -> bool:
-    # A UTF-8 character is at most 4 bytes: short frames need no encoding.
-    return len(text) * 4 > limit and len(text.encode()) > limit
+def _header(ws: WebSocket, name: str) -> str | None:
+    """A request header, read without `ws.headers`, which would keep a parsed
+    copy on the connection for its whole life."""
+    return Headers(scope=ws.scope).get(name)
 
 
 async def close_bounded(ws: WebSocket, code: int, reason: str, timeout_s: float) -> None:
@@ -88,7 +74,7 @@ async def document_socket(ws: WebSocket) -> None:
     if not DOCUMENT_ID_RE.fullmatch(document_id):
         await ws.send_denial_response(PlainTextResponse("unknown document", status_code=404))
         return
-    origin = ws.headers.get("origin")
+    origin = _header(ws, "origin")
     if settings.allowed_origins and origin is not None and origin not in settings.allowed_origins:
         logger.warning("refused origin %s", origin[:200], extra={"document_id": document_id})
         await ws.send_denial_response(PlainTextResponse("origin not allowed", status_code=403))
@@ -100,19 +86,18 @@ async def document_socket(ws: WebSocket) -> None:
             headers={"Retry-After": "1"}))
         return
     try:
-        offered = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",")]
+        offered = [p.strip() for p in (_header(ws, "sec-websocket-protocol") or "").split(",")]
         await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
     except BaseException:
         gate.leave()
         raise
     services.metrics.connections_open.inc()
     try:
-        try:
-            hello = await _read_hello(ws, services)
-        finally:
-            gate.leave()
-        if hello is not None:
-            await _serve(ws, services, document_id, hello)
+        # Two phases, so that nothing of the handshake (the hello, its token,
+        # the frames that read it) stays alive while the connection idles.
+        opened = await _open(ws, services, gate, document_id)
+        if opened is not None:
+            await _live(ws, services, *opened)
     except WebSocketDisconnect:
         pass
     finally:
@@ -132,18 +117,19 @@ async def _read_hello(ws: WebSocket, services: Services) -> Hello | None:
     """The first frame as a valid `hello`, or None after refusing the connection."""
     settings = services.settings
     try:
-        frame = await asyncio.wait_for(_receive(ws), settings.hello_timeout_s)
+        received = await asyncio.wait_for(ws.receive(), settings.hello_timeout_s)
     except TimeoutError:
         await _refuse(ws, services, CloseCode.UNAUTHENTICATED, Error(
             code=ErrorCode.NOT_READY, message="no hello within the timeout"))
         return None
-    if frame is None:
+    if received["type"] == "websocket.disconnect":
         return None
-    if frame.text is None or _too_large(frame.text, settings.max_message_bytes):
+    text = received.get("text")
+    if text is None or too_large(text, settings.max_message_bytes):
         await _refuse(ws, services, CloseCode.UNAUTHENTICATED, Error(
             code=ErrorCode.INVALID_MESSAGE, message="the first frame must be a hello JSON text"))
         return None
-    decoded = decode_frame(frame.text, settings.max_json_depth)
+    decoded = decode_frame(text, settings.max_json_depth)
     if not isinstance(decoded, ParseFailure) and decoded.get("type") != "hello":
         await _refuse(ws, services, CloseCode.UNAUTHENTICATED, Error(
             code=ErrorCode.NOT_READY, message="the first message must be hello",
@@ -162,23 +148,35 @@ async def _read_hello(ws: WebSocket, services: Services) -> Hello | None:
 
 
 def _bearer(ws: WebSocket) -> str | None:
-    header = ws.headers.get("authorization", "")
+    header = _header(ws, "authorization") or ""
     scheme, _, value = header.partition(" ")
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 
 
-async def _serve(ws: WebSocket, services: Services, document_id: str, hello: Hello) -> None:
+async def _open(
+    ws: WebSocket, services: Services, gate: HandshakeGate, document_id: str
+) -> tuple[Connection, DocumentSession] | None:
+    """The handshake: a valid `hello`, its token, the grant, the user's
+    connection cap, then the join (welcome queued). Returns the joined
+    connection, holding its cap slot, and its session; or None after
+    refusing it."""
+    try:
+        hello = await _read_hello(ws, services)
+    finally:
+        gate.leave()
+    if hello is None:
+        return None
     try:
         principal = services.auth.verify(hello.token or _bearer(ws))
     except AuthError as exc:
         await _refuse(ws, services, CloseCode.UNAUTHENTICATED, Error(
             code=ErrorCode.INVALID_TOKEN, message=str(exc), reply_to=hello.id))
-        return
+        return None
     if not principal.may_open(document_id):
         await _refuse(ws, services, CloseCode.FORBIDDEN, Error(
             code=ErrorCode.FORBIDDEN, message="this token does not grant the document",
             reply_to=hello.id))
-        return
+        return None
     limit = services.settings.max_connections_per_user
     connection_id = uuid.uuid4().hex
     try:
@@ -186,38 +184,34 @@ async def _serve(ws: WebSocket, services: Services, document_id: str, hello: Hel
             await _refuse(ws, services, CloseCode.RATE_LIMITED, Error(
                 code=ErrorCode.RATE_LIMITED, message=f"at most {limit} connections per user",
                 reply_to=hello.id, retry_after_ms=1000))
-            return
+            return None
+        session = services.hub.get(document_id)
+        conn = _connection(ws, services, session, hello, principal, connection_id)
         try:
-            await _run_connection(ws, services, document_id, hello, principal, connection_id)
-        finally:
-            with contextlib.suppress(BackendUnavailable):
-                await services.backend.release_connection(principal.user_id, connection_id)
+            await session.join(conn, hello)
+        except BaseException:
+            await _leave(services, session, conn)
+            raise
     except BackendUnavailable as exc:
         logger.warning("backend unavailable at connect: %s", exc,
                        extra={"document_id": document_id})
         await _refuse(ws, services, CloseCode.INTERNAL_ERROR, Error(
             code=ErrorCode.UNAVAILABLE, message="the shared backend is unavailable; reconnect "
             "with backoff", reply_to=hello.id, retry_after_ms=1000))
+        return None
+    logger.info("connected client %s", hello.client_id[:64], extra=conn.log_context)
+    return conn, session
 
 
-async def _run_connection(
-    ws: WebSocket, services: Services, document_id: str, hello: Hello, principal: Principal,
-    connection_id: str,
-) -> None:
-    settings, metrics = services.settings, services.metrics
-    session = services.hub.get(document_id)
-
-    async def backfill(after: int, until: int) -> Any:
-        head = await services.backend.head(document_id)
-        result = await services.backend.read_after(document_id, head.epoch, after, until)
-        return result if isinstance(result, list) else None
-
+def _connection(ws: WebSocket, services: Services, session: DocumentSession, hello: Hello,
+                principal: Principal, connection_id: str) -> Connection:
+    settings, metrics, document_id = services.settings, services.metrics, session.document_id
     outbound = Outbound(
         ws.send_text,
         max_events=settings.outbound_queue_max,
         max_bytes=settings.outbound_max_bytes,
         user_id=principal.user_id,
-        backfill=backfill,
+        backfill=session.backfill,
         on_sent=metrics.count_sent,
         on_idle=session.on_writer_idle,
         inline=True,  # an idle writer's next frame is sent by its publisher (outbound.py)
@@ -229,32 +223,103 @@ async def _run_connection(
     conn.log_context = {
         "document_id": document_id, "user_id": principal.user_id, "connection_id": connection_id
     }
+    return conn
+
+
+async def _leave(services: Services, session: DocumentSession, conn: Connection) -> None:
+    """Undo `_open`: out of the session (and the hub, once idle), the cap slot freed."""
     try:
-        await session.join(conn, hello)
-        logger.info("connected client %s", hello.client_id[:64], extra=conn.log_context)
-        expiry = ExpiryTimer(conn)
-        reader = asyncio.create_task(_reader(ws, services, conn, expiry))
-        writer = asyncio.create_task(outbound.run())
-        try:
-            done = await first_done(reader, writer)
-        finally:
-            expiry.cancel()
-            reader.cancel()
-            writer.cancel()
-            await asyncio.gather(reader, writer, return_exceptions=True)
-        for task in done:
-            exc = None if task.cancelled() else task.exception()
-            if exc is not None and not isinstance(exc, WebSocketDisconnect):
-                logger.error("connection task failed", exc_info=exc, extra=conn.log_context)
-                await _refuse(ws, services, CloseCode.INTERNAL_ERROR, None)
-            elif outbound.close_request is not None:
-                request = outbound.close_request
-                metrics.closes.labels(str(request.code)).inc()
-                await close_bounded(ws, request.code, request.reason, settings.close_timeout_s)
-    finally:
         await session.detach(conn)
         services.hub.release(session)
+    finally:
+        with contextlib.suppress(BackendUnavailable):
+            await services.backend.release_connection(conn.user_id, conn.session_id)
+
+
+class _WriterWatch:
+    """The writer's done callback: it interrupts the connection's task, which
+    reads in the meantime (a close was requested, or the writer failed)."""
+
+    __slots__ = ("fired", "task")
+
+    def __init__(self, task: "asyncio.Task[Any]") -> None:
+        self.task: asyncio.Task[Any] | None = task
+        self.fired = False
+
+    def __call__(self, _writer: "asyncio.Task[CloseRequest]") -> None:
+        if self.task is not None:
+            self.fired = True
+            self.task.cancel()
+
+
+async def _live(ws: WebSocket, services: Services, conn: Connection,
+                session: DocumentSession) -> None:
+    """The joined connection: it reads in this (the ASGI) task while its writer
+    runs in a second one; whichever ends first ends the other. The read loop
+    is inlined and holds no message between frames, and the token's expiry is
+    watched by the app's `ExpiryWheel`: an idle connection is this frame, the
+    writer's task and its objects."""
+    settings, metrics, outbound = services.settings, services.metrics, conn.outbound
+    expiry = _expiry(ws)
+    task = asyncio.current_task()
+    assert task is not None
+    writer = asyncio.create_task(outbound.run())
+    watch = _WriterWatch(task)
+    writer.add_done_callback(watch)
+    failure: BaseException | None = None
+    try:
+        expiry.watch(conn)
+        bucket = TokenBucket(settings.rate_messages_per_s, settings.rate_messages_per_s * 2)
+        streak = InvalidStreak(settings.max_invalid_messages)
+        try:
+            while True:
+                received = await ws.receive()
+                if received["type"] == "websocket.disconnect":
+                    break
+                message = admit(received.get("text"), services, conn, bucket, streak)
+                del received
+                if isinstance(message, Closing):
+                    await _wait_for_writer()
+                elif message is not None:
+                    await _dispatch(services, session, conn, message, expiry)
+                    del message
+        except asyncio.CancelledError:
+            if not watch.fired or task.uncancel():
+                raise  # cancelled from outside, not (only) by the writer's end
+        except WebSocketDisconnect:
+            pass
+        except Exception as exc:
+            failure = exc
+        watch.task = None
+        if not writer.done():
+            writer.cancel()
+        await asyncio.gather(writer, return_exceptions=True)
+        if not writer.cancelled() and failure is None:
+            failure = writer.exception()
+        if failure is not None and not isinstance(failure, WebSocketDisconnect):
+            logger.error("connection task failed", exc_info=failure, extra=conn.log_context)
+            await _refuse(ws, services, CloseCode.INTERNAL_ERROR, None)
+        elif outbound.close_request is not None:
+            request = outbound.close_request
+            metrics.closes.labels(str(request.code)).inc()
+            await close_bounded(ws, request.code, request.reason, settings.close_timeout_s)
+    finally:
+        watch.task = None
+        expiry.unwatch(conn)
+        if not writer.done():  # cancelled from outside
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+        await _leave(services, session, conn)
         logger.info("disconnected", extra=conn.log_context)
+
+
+def _expiry(ws: WebSocket) -> ExpiryWheel:
+    """The app's expiry wheel, created with its first connection."""
+    state = ws.app.state
+    wheel: ExpiryWheel | None = getattr(state, "expiry_wheel", None)
+    if wheel is None:
+        wheel = state.expiry_wheel = ExpiryWheel()
+    return wheel
 
 
 async def _wait_for_writer() -> None:
@@ -263,50 +328,9 @@ async def _wait_for_writer() -> None:
     await asyncio.get_running_loop().create_future()
 
 
-async def _reader(
-    ws: WebSocket, services: Services, conn: Connection, expiry: ExpiryTimer
-) -> None:
-    settings, metrics = services.settings, services.metrics
-    bucket = TokenBucket(settings.rate_messages_per_s, settings.rate_messages_per_s * 2)
-    streak = InvalidStreak(settings.max_invalid_messages)
-    session = services.hub.get(conn.document_id)
-    while True:
-        frame = await _receive(ws)
-        if frame is None:
-            return
-        if frame.text is not None and _too_large(frame.text, settings.max_message_bytes):
-            conn.error(ErrorCode.TOO_LARGE,
-                       f"frame larger than {settings.max_message_bytes} bytes")
-            conn.close(CloseCode.MESSAGE_TOO_BIG, "message too big")
-            return await _wait_for_writer()
-        decoded: dict[str, Any] | ParseFailure
-        if frame.text is None:
-            decoded = ParseFailure(ErrorCode.INVALID_MESSAGE, "binary frames are not accepted")
-        else:
-            decoded = decode_frame(frame.text, settings.max_json_depth)
-        retry_after = bucket.take()
-        if retry_after:
-            conn.error(ErrorCode.RATE_LIMITED, "too many messages", retry_after_ms=retry_after,
-                       reply_to=None if isinstance(decoded, ParseFailure)
-                       else peek_reply_to(decoded))
-            continue
-        result = decoded if isinstance(decoded, ParseFailure) else validate_message(decoded)
-        if isinstance(result, ParseFailure):
-            metrics.messages_in.labels("invalid").inc()
-            conn.error(result.code, result.message, reply_to=result.reply_to,
-                       details=result.details)
-            if streak.record_invalid():
-                conn.close(CloseCode.TOO_MANY_INVALID, "too many invalid messages")
-                return await _wait_for_writer()
-            continue
-        streak.record_valid()
-        metrics.messages_in.labels(result.type).inc()
-        await _dispatch(services, session, conn, result, expiry)
-
-
 async def _dispatch(
-    services: Services, session: Any, conn: Connection, message: ClientMessage,
-    expiry: ExpiryTimer,
+    services: Services, session: DocumentSession, conn: Connection, message: ClientMessage,
+    expiry: ExpiryWheel,
 ) -> None:
     if conn.is_viewer and message.type not in VIEWER_ALLOWED_TYPES:
         conn.error(ErrorCode.FORBIDDEN, "viewers may not send " + message.type,
@@ -318,7 +342,7 @@ async def _dispatch(
         conn.error(ErrorCode.INVALID_MESSAGE, "hello was already received", reply_to=message.id)
     elif isinstance(message, AuthRefresh):
         _refresh(services, conn, message)
-        expiry.arm()
+        expiry.watch(conn)
     else:
         try:
             await session.handle(conn, message)

@@ -1,9 +1,11 @@
 """The uvicorn configuration cowrite runs with, shared by `make run` and the tests.
 
 `websockets-sansio` was the fastest uvicorn WebSocket implementation on these
-machines and honours the ping settings; permessage-deflate is off (CPU on
-tiny frames, compression bombs). uvicorn's own frame cap sits above ours so a
-too-large frame normally gets our `too_large` error before close 1009.
+machines and honours the ping settings; it runs as `LeanSansIOProtocol`
+(server/wsprotocol.py: the same protocol holding less per idle connection).
+permessage-deflate is off (CPU on tiny frames, compression bombs). uvicorn's
+own frame cap sits above ours so a too-large frame normally gets our
+`too_large` error before close 1009.
 """
 
 import asyncio
@@ -15,13 +17,14 @@ import uvicorn
 from starlette.applications import Starlette
 
 from server.settings import Settings
+from server.wsprotocol import LeanSansIOProtocol
 
 
 def uvicorn_config(app: Starlette, settings: Settings, **overrides: Any) -> uvicorn.Config:
     options: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
-        "ws": "websockets-sansio",
+        "ws": LeanSansIOProtocol,
         "ws_max_size": settings.max_message_bytes * 4 + 4096,
         "ws_ping_interval": settings.heartbeat_s,
         "ws_ping_timeout": settings.heartbeat_s * 2,

@@ -148,6 +148,14 @@ class DocumentSession:
         self.runs.presence_changed()
         return welcome
 
+    async def backfill(self, after: int, until: int) -> list[LoggedEvent] | None:
+        """Events after..until of the log, for a writer filling a gap (None when
+        they are gone). A bound method of the session, not a closure per
+        connection: each idle connection's writer holds less."""
+        head = await self.backend.head(self.document_id)
+        result = await self.backend.read_after(self.document_id, head.epoch, after, until)
+        return result if isinstance(result, list) else None
+
     # -- inbound ---------------------------------------------------------------
     async def handle(self, conn: Connection, message: ClientMessage) -> None:
         if isinstance(message, EditorChange):

@@ -80,6 +80,9 @@ class Settings(BaseSettings):
     client_grace_s: float = 30.0
     server_tool_timeout_s: float = 10.0
     run_lease_s: float = 10.0
+    # Redis: checkpoint runs so a survivor takes them over (section 13); False is 1.0's
+    # behaviour (a lost owner's run ends server_lost), to measure what checkpoints cost
+    durable_runs: bool = True
     max_queued_runs: int = Field(default=8, ge=0)
     allow_interrupt: bool = True
 

@@ -24,17 +24,22 @@ class TransportHandle:
     uvicorn hands the app its protocol's bound `send`, whose object owns the
     `transport`; other servers pass through untouched (closes then stay
     bounded by their own timeouts, without an abort).
+
+    `__call__` is a plain function returning the app's awaitable, not a
+    coroutine awaiting it: no frame of its own stays alive under every open
+    connection (about 250 bytes each).
     """
 
     def __init__(self, app: Any) -> None:
         self.app = app
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    def __call__(self, scope: Any, receive: Any, send: Any) -> Awaitable[None]:
         if scope["type"] == "websocket":
             transport = getattr(getattr(send, "__self__", None), "transport", None)
             if isinstance(transport, asyncio.WriteTransport):
                 scope[TRANSPORT_KEY] = transport
-        await self.app(scope, receive, send)
+        result: Awaitable[None] = self.app(scope, receive, send)
+        return result
 
 
 async def finish_close(close: Awaitable[None], transport: asyncio.WriteTransport | None,

@@ -1,14 +1,19 @@
 """OpenTelemetry traces (COWRITE_OTEL=1): a run span whose children are its model
 calls, tool round trips and approval waits, with ids and no tokens or text."""
 
+import time
 from collections.abc import Iterator
 
 import pytest
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.trace import StatusCode
 
-from server import tracing
+from server import tracing, tracing_export
+from server.tracing_export import Converter, SpanBatcher
 from tests.harness import joined, running_server
 from tests.runs import answer, call, script, start
 
@@ -16,7 +21,7 @@ from tests.runs import answer, call, script, start
 @pytest.fixture
 def exporter() -> Iterator[InMemorySpanExporter]:
     spans = InMemorySpanExporter()
-    provider = TracerProvider()
+    provider = TracerProvider(resource=Resource.create({"service.name": "cowrite-test"}))
     provider.add_span_processor(SimpleSpanProcessor(spans))
     tracing.use_provider(provider)
     try:
@@ -64,6 +69,14 @@ async def test_a_run_is_one_trace_with_model_tool_and_approval_children(
     for span in spans:
         values = " ".join(str(v) for v in (span.attributes or {}).values())
         assert "token" not in " ".join(span.attributes or {}) and "Reading" not in values
+        assert span.resource.attributes["service.name"] == "cowrite-test"  # the provider's
+    # A trace viewer draws each child inside its run, in the order things happened.
+    assert run.start_time is not None and run.end_time is not None
+    for child in (*models, *tools, *approvals):
+        assert child.start_time is not None and child.end_time is not None
+        assert run.start_time <= child.start_time <= child.end_time <= run.end_time
+    assert models[0].start_time <= tools[0].start_time <= models[1].start_time  # type: ignore[operator]
+    assert tools[0].end_time <= models[1].start_time  # type: ignore[operator]
 
 
 async def test_no_spans_when_tracing_is_off(exporter: InMemorySpanExporter) -> None:
@@ -72,3 +85,111 @@ async def test_no_spans_when_tracing_is_off(exporter: InMemorySpanExporter) -> N
         await client.recv_until("run.finished")
     assert tracing.active is None
     assert exporter.get_finished_spans() == ()
+
+
+async def test_a_failed_model_call_marks_its_span_and_the_run_as_errors(
+        exporter: InMemorySpanExporter) -> None:
+    async with running_server(otel=True, otel_capture_text=True) as srv, \
+            joined(srv) as (client, _):
+        prompt = script({"fail": "the upstream is down"})
+        ack = await start(client, prompt)
+        finished = await client.recv_until("run.finished")
+    assert finished["status"] == "failed"
+    spans = exporter.get_finished_spans()
+    (run,) = _named(spans, "cowrite.run")
+    (model,) = _named(spans, "cowrite.model_call")
+    assert run.attributes is not None and run.attributes["cowrite.run_id"] == ack["run_id"]
+    assert run.attributes["cowrite.status"] == "failed"
+    assert run.attributes["cowrite.prompt"] == prompt  # COWRITE_OTEL_CAPTURE_TEXT=1
+    assert run.status.status_code is StatusCode.ERROR
+    assert model.status.status_code is StatusCode.ERROR
+    assert model.status.description == finished["error"]["code"] == "upstream_error"
+
+
+async def test_the_providers_sampler_decides_per_run(exporter: InMemorySpanExporter) -> None:
+    """OTEL_TRACES_SAMPLER (here the provider's sampler) is asked once per run: a run
+    it drops makes no spans at all, and the run itself is unaffected."""
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.use_provider(provider)
+    async with running_server(otel=True) as srv, joined(srv) as (client, _):
+        await start(client, script({"tool_calls": [call("read_document")]}, {"say": "ok"}))
+        await answer(client, await client.recv_until("tool.call"), {"text": "doc"})
+        finished = await client.recv_until("run.finished")
+    assert finished["status"] == "completed"
+    assert exporter.get_finished_spans() == ()
+
+
+async def test_without_a_provider_spans_go_through_cowrites_exporting_thread(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without `use_provider`, ended spans go to cowrite's exporting thread, which makes
+    them into ReadableSpans of cowrite's resource and exports them by shutdown."""
+    exported = InMemorySpanExporter()
+    kinds: list[str] = []
+
+    def exporter(kind: str) -> InMemorySpanExporter:
+        kinds.append(kind)
+        return exported
+
+    monkeypatch.setattr(tracing_export, "exporter", exporter)
+    try:
+        async with running_server(otel=True, otel_exporter="console") as srv, \
+                joined(srv) as (client, _):
+            ack = await start(client, script({"tool_calls": [call("read_document")]},
+                                             {"say": "ok"}))
+            await answer(client, await client.recv_until("tool.call"), {"text": "doc"})
+            assert (await client.recv_until("run.finished"))["status"] == "completed"
+            assert tracing.active is not None
+            tracing.active.shutdown()  # what happens at exit: export what is waiting
+    finally:
+        tracing.active = None
+    assert kinds == ["console"]
+    spans = exported.get_finished_spans()
+    assert sorted(s.name for s in spans) == [
+        "cowrite.model_call", "cowrite.model_call", "cowrite.run", "cowrite.tool"]
+    (run,) = _named(spans, "cowrite.run")
+    assert run.attributes is not None and run.attributes["cowrite.run_id"] == ack["run_id"]
+    assert run.parent is None and run.resource.attributes["service.name"] == "cowrite"
+    for child in spans:
+        if child is not run:
+            assert child.parent is not None and child.parent.span_id == run.context.span_id
+            assert child.context.trace_id == run.context.trace_id
+
+
+def test_the_exporting_thread_drops_unsampled_spans_and_exports_the_rest() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    batcher = SpanBatcher(exporter, Converter(provider.resource, provider.id_generator))
+    models = [("cowrite.model_call", i, i + 1, {"cowrite.step": i}, 7, 0, 9, True, None, None)
+              for i in range(150)]  # more than one conversion chunk
+    batcher.add([("cowrite.tool", 10, 20, {"cowrite.status": "ok"}, 7, 0, 9, True, None, None),
+                 *models,
+                 ("cowrite.run", 5, 30, {}, 7, 9, 0, True, "failed", None),
+                 ("cowrite.run", 5, 30, {}, 8, 11, 0, False, None, None)])
+    batcher.shutdown()
+    tool, *steps, run = exporter.get_finished_spans()
+    assert [s.attributes["cowrite.step"] for s in steps if s.attributes] == list(range(150))
+    assert len({s.context.span_id for s in (tool, *steps, run)}) == 152
+    assert (tool.name, tool.start_time, tool.end_time) == ("cowrite.tool", 10, 20)
+    assert tool.parent is not None and tool.parent.span_id == 9 == run.context.span_id
+    assert tool.context.trace_id == run.context.trace_id == 7 and run.parent is None
+    assert run.status.status_code is StatusCode.ERROR and run.status.description == "failed"
+    assert tool.status.status_code is StatusCode.UNSET
+
+
+def test_spans_are_exported_within_otel_bsp_schedule_delay(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """A quiet server still exports what ended, after the schedule delay (the SDK's
+    variable; 5 s by default), not only when 512 spans wait."""
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    batcher = SpanBatcher(exporter, Converter(provider.resource, provider.id_generator))
+    try:
+        batcher.add([("cowrite.run", 5, 30, {}, 7, 9, 0, True, None, None)])
+        deadline = time.monotonic() + 3  # well inside the default 5 s
+        while not exporter.get_finished_spans() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [span.name for span in exporter.get_finished_spans()] == ["cowrite.run"]
+    finally:
+        batcher.shutdown()

@@ -7,7 +7,6 @@ allowlist, approvals and step limit applied (PROTOCOL.md sections 10, 14, 15).
 """
 
 import uuid
-from dataclasses import replace
 from typing import Any
 
 from protocol.client import RunStart
@@ -80,7 +79,7 @@ def first_state(message: RunStart, env: RunEnvironment, user_id: str, client_id:
         system = dict(state.messages[0])
         system["content"] = str(system["content"]) + json_format.instructions(
             toolbox_for(state, env).openai_tools())
-        state = replace(state, messages=(system, *state.messages[1:]))
+        state = state.evolve(messages=(system, *state.messages[1:]))
     return state
 
 

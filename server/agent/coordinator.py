@@ -315,7 +315,7 @@ class RunCoordinator(RunQueueMixin):
         earlier = await self.env.registry.read_history(self.document_id)
         state = first_state(message, self.env, peer.user_id, peer.client_id, earlier,
                             self.local.has_client(peer.user_id, peer.client_id))
-        return replace(state, document_id=self.document_id)
+        return state.evolve(document_id=self.document_id)
 
     async def _claim(self, state: RunState, peer: Peer, interrupting: bool = False
                      ) -> dict[str, Any] | None:

@@ -205,11 +205,15 @@ class RunDriver:
         """Effects before the decision's `Publish`, the publish (the commit point),
         then the rest. A publish that fails means the decision did not happen."""
         effects = decision.effects
-        slot = next((i for i, e in enumerate(effects) if isinstance(e, Publish)), None)
-        before, after = (effects[:slot], effects[slot + 1:]) if slot is not None else ((), effects)
-        for effect in before:
-            await self._do_safely(effect, peer, decision.state)
-        if slot is not None:
+        slot = -1
+        for index, effect in enumerate(effects):
+            if type(effect) is Publish:
+                slot = index
+                break
+        if slot > 0:
+            for effect in effects[:slot]:
+                await self._do_safely(effect, peer, decision.state)
+        if slot >= 0:
             publish = effects[slot]
             assert isinstance(publish, Publish)
             if decision.refusable:
@@ -233,7 +237,7 @@ class RunDriver:
                     self.state = decision.state
                     return True  # with Redis the lease lapses and a survivor announces it
         self.state = decision.state
-        for effect in after:
+        for effect in effects[slot + 1:]:
             await self._do_safely(effect, peer, decision.state)
         return True
 
@@ -305,7 +309,8 @@ class RunDriver:
         elif isinstance(effect, DisarmTimer):
             self._disarm(effect.key)
         elif isinstance(effect, Checkpoint):
-            await self._checkpoint(state)
+            if self.lease.shared:  # with one process nobody reads checkpoints
+                await self._checkpoint(state)
         elif isinstance(effect, Release):
             await self._release(effect)
 

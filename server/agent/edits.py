@@ -7,7 +7,7 @@ request says what changed since its previous one, so it can re-read the
 document before editing it.
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from server.agent import scope as ranges
@@ -37,7 +37,7 @@ def judge_edit(state: RunState, user_id: str, origin: str, version: Any, summary
     known = version if version is not None else state.document_version
     if origin == "agent":  # the run's own edits never end it; they may move its scope
         moved = _apply(state.scope, changes) if changes and state.scope else None
-        return EditVerdict(False, replace(state, document_version=known,
+        return EditVerdict(False, state.evolve(document_version=known,
                                           scope=moved if moved is not None else state.scope))
     if state.on_edit == "abort":
         return EditVerdict(True, state)
@@ -51,7 +51,7 @@ def judge_edit(state: RunState, user_id: str, origin: str, version: Any, summary
         scope = moved = after  # logged even when unmoved: the scope at the new version
     note = {"user_id": user_id, "document_version": version, "summary": summary,
             "changes": [list(c) for c in changes] if changes is not None else None}
-    return EditVerdict(False, replace(state, document_version=known, scope=scope,
+    return EditVerdict(False, state.evolve(document_version=known, scope=scope,
                                       edits=(*state.edits, note)), moved)
 
 

@@ -33,7 +33,9 @@ class RunLease:
         """Share `state`; False only when the lease is known to be lost."""
         if not self.shared:
             return True
-        record = {**state.to_record(self.env.instance_id), "checkpoint": to_checkpoint(state)}
+        record = state.to_record(self.env.instance_id)
+        if self.env.settings.durable_runs:  # off: the record only (no takeover possible)
+            record["checkpoint"] = to_checkpoint(state)
         try:
             return await self.env.registry.renew_run(state.document_id, record,
                                                      self.env.settings.run_lease_s)

@@ -116,15 +116,17 @@ class RunMachine:
                Remember((history.prompt_entry(state.run_id, state.prompt, state.thread_id,
                                               event.at_ms),)),
                ArmTimer("run", self.config.run_timeout_s))
-        return self._call_model(replace(state, started_ms=event.at_ms), out)
+        return self._call_model(state.evolve(started_ms=event.at_ms), out)
 
     def _call_model(self, state: RunState, out: EffectList) -> RunState:
         step = state.step + 1
-        out.do(Checkpoint(), CallModel())  # a checkpoint per model step (section 13)
+        if self.config.checkpoint_steps:  # a checkpoint per model step (section 13)
+            out.do(Checkpoint())
+        out.do(CallModel())
         if state.edits:  # tell the model what people changed since its last request
             note = {"role": "user", "content": changes_note(state.edits)}
-            state = replace(state, messages=(*state.messages, note), edits=())
-        return replace(state, phase="model", status="running", step=step,
+            state = state.evolve(messages=(*state.messages, note), edits=())
+        return state.evolve(phase="model", status="running", step=step,
                        message_id=f"{state.run_id}:m{step}")
 
     def _model_finished(self, state: RunState, event: ModelFinished, out: EffectList) -> RunState:
@@ -148,7 +150,7 @@ class RunMachine:
         calls = unique_call_ids(state.call_ids, event.calls, state.step)
         said = history.assistant_turn(state.json_tools, event.text, event.assistant_content,
                                       [(c.call_id, c.name, c.raw_arguments) for c in calls])
-        state = replace(state, phase="tools", queue=calls, messages=(*state.messages, said),
+        state = state.evolve(phase="tools", queue=calls, messages=(*state.messages, said),
                         terminate_after_tools=event.terminate,
                         call_ids=state.call_ids | {c.call_id for c in calls})
         return self._advance(state, out, event.at_ms)
@@ -165,7 +167,7 @@ class RunMachine:
                         f"last problem: {event.problem}")))
         if state.step >= state.max_steps:
             return self._finish(state, out, Ending("failed", "max_steps"))
-        state = replace(state, messages=(*state.messages,
+        state = state.evolve(messages=(*state.messages,
                                          {"role": "assistant", "content": event.text},
                                          {"role": "user", "content": event.problem}))
         return self._call_model(state, out)
@@ -174,7 +176,7 @@ class RunMachine:
         """Start the next call of the turn, or call the model again when none is left."""
         while state.queue:
             call, rest = state.queue[0], state.queue[1:]
-            state = replace(state, queue=rest)
+            state = state.evolve(queue=rest)
             if call.problem is not None or call.arguments is None:
                 outcome = ToolOutcome("error", error={"message": call.problem or "invalid call",
                                                       "code": "invalid_call"})
@@ -196,7 +198,7 @@ class RunMachine:
     def _dispatch(self, state: RunState, out: EffectList, call_id: str, name: str,
                   arguments: dict[str, Any], executor: str, at_ms: int) -> RunState:
         if executor == "server":
-            state = replace(state, current=PendingCall(call_id, name, arguments, "tool", "server",
+            state = state.evolve(current=PendingCall(call_id, name, arguments, "tool", "server",
                                                        0), status="running")
             out.do(Checkpoint())
             out.publish(ToolCall(run_id=state.run_id, call_id=call_id, name=name,
@@ -217,7 +219,7 @@ class RunMachine:
               announcement: DurableServerEvent, timeout_s: float) -> RunState:
         """Wait on `pending`: recorded (checkpoint) before it is announced."""
         status: RunStatus = "waiting_approval" if pending.kind == "approval" else "waiting_tool"
-        state = replace(state, current=pending, status=status)
+        state = state.evolve(current=pending, status=status)
         out.do(Checkpoint())
         out.publish(announcement)
         out.do(ArmTimer(pending.timer, timeout_s))
@@ -227,7 +229,7 @@ class RunMachine:
 
     def _close(self, state: RunState, out: EffectList, pending: PendingCall) -> RunState:
         out.do(DisarmTimer(pending.timer), DisarmTimer("grace"))
-        return replace(state, current=None, status="running")
+        return state.evolve(current=None, status="running")
 
     def _record(self, state: RunState, out: EffectList, call_id: str, name: str,
                 outcome: ToolOutcome) -> RunState:
@@ -236,7 +238,7 @@ class RunMachine:
         message = history.tool_message(state.json_tools, call_id, name, content)
         out.do(Remember((history.tool_entry(state.run_id, call_id, name, content,
                                               state.thread_id),)))
-        return replace(state, messages=(*state.messages, message), tool_results=(
+        return state.evolve(messages=(*state.messages, message), tool_results=(
             *state.tool_results, {"name": name, "status": outcome.status,
                                   "output": outcome.output}))
 
@@ -254,7 +256,7 @@ class RunMachine:
         outcome = told = event.outcome
         if outcome.status == "error" and (outcome.error or {}).get("code") == "stale":
             told = ToolOutcome("error", error={"code": "stale", "message": STALE})
-        state = replace(state, completed_calls=state.completed_calls | {current.call_id})
+        state = state.evolve(completed_calls=state.completed_calls | {current.call_id})
         state = self._settle(state, out, current, outcome, told, event.at_ms)
         out.do(Reply(Ack(reply_to=event.reply_to, run_id=state.run_id, call_id=current.call_id,
                          status="accepted")))  # after the tool.done it confirms
@@ -311,7 +313,7 @@ class RunMachine:
                         status=event.decision))
         if event.decision == "approve":
             if event.scope == "run":
-                state = replace(state, approved_names=state.approved_names | {current.name})
+                state = state.evolve(approved_names=state.approved_names | {current.name})
             state = self._dispatch(state, out, current.call_id, current.name,
                                    event.arguments or current.arguments, current.executor,
                                    event.at_ms)
@@ -329,7 +331,7 @@ class RunMachine:
     def _lease_lost(self, state: RunState, event: LeaseLost, out: EffectList) -> RunState:
         # Another instance announced the end (server_lost): stop without a word.
         out.do(StopWork(), DisarmTimer("*"))
-        return replace(state, phase="finished", status="aborted", current=None, queue=(),
+        return state.evolve(phase="finished", status="aborted", current=None, queue=(),
                        ending=Ending("aborted", "server_lost"))
 
     def _cancel(self, state: RunState, event: Cancel, out: EffectList) -> RunState:
@@ -356,7 +358,7 @@ class RunMachine:
             f"no result within {self.config.tool_timeout_s:g} s"
         out.publish(ToolDone(run_id=state.run_id, call_id=current.call_id, status="timeout",
                              error={"message": message, "code": code}))
-        return self._finish(replace(state, current=None), out, Ending("timed_out", code))
+        return self._finish(state.evolve(current=None), out, Ending("timed_out", code))
 
     def _presence(self, state: RunState, event: ExecutorPresence, out: EffectList) -> RunState:
         if event.present == state.executor_present:
@@ -365,7 +367,7 @@ class RunMachine:
             out.do(DisarmTimer("grace"))
         elif state.waiting_on_executor:
             out.do(ArmTimer("grace", self.config.client_grace_s))
-        return replace(state, executor_present=event.present)
+        return state.evolve(executor_present=event.present)
 
     def _finish(self, state: RunState, out: EffectList, ending: Ending) -> RunState:
         """The one place a run ends: cancel what is in flight, settle the pending call,
@@ -382,7 +384,7 @@ class RunMachine:
                                 error=ending.error, steps=state.step,
                                 usage=state.usage_dict() or None))
         out.do(Release(ending.status))
-        return replace(state, phase="finished", status=ending.status, current=None, queue=(),
+        return state.evolve(phase="finished", status=ending.status, current=None, queue=(),
                        ending=ending)
 
     def _after_end(self, state: RunState, event: Input) -> Decision:

@@ -67,7 +67,8 @@ class RemotePeer:
 
 class RunRouter:
     def __init__(self, backend: Backend, hub: SessionHub, machine: RunMachine, metrics: Metrics,
-                 instance_id: str, lease_s: float, run_timeout_s: float = 600.0) -> None:
+                 instance_id: str, lease_s: float, run_timeout_s: float = 600.0,
+                 durable: bool = True) -> None:
         self.backend = backend
         self.hub = hub
         self.machine = machine
@@ -75,6 +76,7 @@ class RunRouter:
         self.me = instance_id
         self.lease_s = lease_s
         self.run_timeout_s = run_timeout_s
+        self.durable = durable  # False (COWRITE_DURABLE_RUNS=0): lost runs end server_lost
         self._tasks: list[asyncio.Task[None]] = []
         self._posts: set[asyncio.Task[None]] = set()
 
@@ -169,7 +171,7 @@ class RunRouter:
         when it has none or is older than the run timeout (then it ends server_lost)."""
         checkpoint = record.get("checkpoint") or {}
         started = int(checkpoint.get("started_ms") or 0)
-        if not started or now_ms() - started > self.run_timeout_s * 1000:
+        if not self.durable or not started or now_ms() - started > self.run_timeout_s * 1000:
             return False
         session = self.hub.get(document_id)
         try:

@@ -8,7 +8,6 @@ left); a server tool interrupted mid-call runs again only if it is
 idempotent, otherwise the model is told it was interrupted.
 """
 
-from dataclasses import replace
 from typing import Any
 
 from protocol.server import MessageDiscarded, RunResumed
@@ -29,7 +28,7 @@ def resume_run(machine: Any, state: RunState, event: Resume, out: EffectList) ->
         if event.text_sent and state.message_id is not None:
             out.publish(MessageDiscarded(run_id=state.run_id, message_id=state.message_id))
         out.do(CallModel())
-        return replace(state, resumes=state.resumes + 1,
+        return state.evolve(resumes=state.resumes + 1,
                        message_id=f"{state.run_id}:m{state.step}.r{state.resumes + 1}")
     if current is not None and current.executor == "server" and current.kind == "tool":
         if event.idempotent:

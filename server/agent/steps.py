@@ -246,6 +246,7 @@ class MachineConfig:
     approval_timeout_s: float
     run_timeout_s: float
     client_grace_s: float
+    checkpoint_steps: bool = True  # a checkpoint per model step (durable runs)
 
 
 class EffectList:
