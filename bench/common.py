@@ -3,6 +3,7 @@
 import asyncio
 import contextlib
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -129,6 +130,40 @@ async def cowrite_join(proc: Served, document_id: str, client_id: str, sub: str 
                                 "token": bench_token(sub)}).decode())
     welcome = orjson.loads(await ws.recv())
     return ws, welcome
+
+
+class LoopLag:
+    """How late this process's own event loop wakes a 5 ms sleep, sampled for as
+    long as it runs: a load generator whose loop lags measures itself, not the
+    server, so its reports say how busy it was."""
+
+    PERIOD_S = 0.005
+
+    def __init__(self) -> None:
+        self.lags_ms: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._probe())
+
+    async def stop(self) -> list[float]:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        return self.lags_ms
+
+    async def _probe(self) -> None:
+        while True:
+            t0 = time.perf_counter()
+            await asyncio.sleep(self.PERIOD_S)
+            self.lags_ms.append(max(0.0, (time.perf_counter() - t0 - self.PERIOD_S) * 1000))
+
+
+def process_cpu_s() -> float:
+    """CPU seconds (user + system) this process has used so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -20,6 +20,7 @@ Examples:
 import argparse
 import asyncio
 import contextlib
+import gc
 import random
 import resource
 import sys
@@ -34,9 +35,13 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from bench.common import (
+    CLIENT_CORE,
+    LoopLag,
     Proc,
     bench_token,
     percentile,
+    pin,
+    process_cpu_s,
     redis_server,
     server_process,
 )
@@ -62,6 +67,7 @@ class Scenario:
     approvals: int = 0
     chunk_chars: int = 4
     delay_ms: float = 10.0
+    catch_up: bool = False  # the scripted model keeps its own clock (see server/agent/scripted.py)
     cancel_rate: float = 0.0
     edit_rate: float = 0.0
     drop_rate: float = 0.0
@@ -96,7 +102,7 @@ def script(scenario: Scenario, run_index: int, approvals_left: int) -> str:
     steps.append({"say": "".join(f"{i % 10}" * scenario.chunk_chars
                                  for i in range(scenario.deltas))})
     return orjson.dumps({"script": steps, "chunk_chars": scenario.chunk_chars,
-                        "delay_ms": scenario.delay_ms}).decode()
+                        "delay_ms": scenario.delay_ms, "catch_up": scenario.catch_up}).decode()
 
 
 class LoadClient:
@@ -321,6 +327,20 @@ def summarize(values: list[float]) -> dict[str, float]:
 
 async def run_scenario(scenario: Scenario, urls: list[str], procs: list[Proc],
                        progress: bool = True) -> dict[str, Any]:
+    """Run `scenario` and report it. The generator's own garbage collector is off
+    meanwhile: a full collection of its thousands of connections' objects stopped
+    it for up to ~100 ms, which it would have measured as the server's latency."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return await _run_scenario(scenario, urls, procs, progress)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+async def _run_scenario(scenario: Scenario, urls: list[str], procs: list[Proc],
+                        progress: bool) -> dict[str, Any]:
     stats, done = Stats(), Counter[str]()
     rng = random.Random(scenario.seed)
     IDLE_RELEASE.clear()
@@ -328,6 +348,9 @@ async def run_scenario(scenario: Scenario, urls: list[str], procs: list[Proc],
     rss0 = [p.rss_bytes() for p in procs]
     stop = asyncio.Event()
     bar = asyncio.create_task(_progress(scenario, stats, done, stop)) if progress else None
+    lag = LoopLag()
+    lag.start()
+    client_cpu0 = process_cpu_s()
     t0 = time.perf_counter()
     tasks = [asyncio.create_task(drive_document(i, scenario, urls, stats, random.Random(
         rng.random()), done)) for i in range(scenario.docs)]
@@ -341,6 +364,8 @@ async def run_scenario(scenario: Scenario, urls: list[str], procs: list[Proc],
         IDLE_RELEASE.set()
     results = await asyncio.gather(*tasks, return_exceptions=True)
     elapsed = time.perf_counter() - t0
+    client_cpu = process_cpu_s() - client_cpu0
+    client_lag = await lag.stop()
     for result in results:
         if isinstance(result, BaseException):
             stats.errors[f"client_exception:{type(result).__name__}"] += 1
@@ -362,9 +387,14 @@ async def run_scenario(scenario: Scenario, urls: list[str], procs: list[Proc],
         "delta_inter_arrival_ms": summarize(stats.inter_arrival_ms),
         "tool_rtt_ms": summarize(stats.tool_rtt_ms),
         "abort_ms": summarize(stats.abort_ms),
+        # the generator's own load: near 1.0 busy or a lagging loop means the
+        # figures above measure the client as much as the server
+        "client_cpu_s": client_cpu, "client_cpu_busy": client_cpu / elapsed,
+        "client_loop_lag_ms": summarize(client_lag),
     }
     if procs:
         report["server_cpu_s"] = sum(p.cpu_s() for p in procs) - sum(cpu0)
+        report["server_cpu_busy"] = report["server_cpu_s"] / elapsed / len(procs)
         report["server_rss_mib"] = sum(p.rss_bytes() for p in procs) / 2**20
         if scenario.idle:
             report["idle_kib_per_connection"] = idle_rss / connections / 1024
@@ -390,8 +420,14 @@ def markdown(report: dict[str, Any]) -> str:
               f"finished {report['runs_finished']}, resumes {report['resumes']}, "
               f"verification errors {report['verification_errors'] or 0}, "
               f"server errors {report['server_errors'] or 0}"]
+    lag = report.get("client_loop_lag_ms") or {}
+    if lag:
+        lines.append(f"load generator: CPU {report['client_cpu_s']:.1f} s "
+                     f"({report['client_cpu_busy']:.0%} of a core), loop lag p99 "
+                     f"{lag['p99']:.1f} ms, max {lag['max']:.1f} ms")
     if "server_cpu_s" in report:
-        lines.append(f"server CPU {report['server_cpu_s']:.1f} s, RSS "
+        lines.append(f"server CPU {report['server_cpu_s']:.1f} s "
+                     f"({report['server_cpu_busy']:.0%} of a core per instance), RSS "
                      f"{report['server_rss_mib']:.0f} MiB"
                      + (f", {report['idle_kib_per_connection']:.1f} KiB per idle connection"
                         if "idle_kib_per_connection" in report else ""))
@@ -437,12 +473,15 @@ def main() -> None:
         parser.add_argument(f"--{name.replace('_', '-')}", type=float,
                             default=getattr(defaults, name))
     parser.add_argument("--idle", action="store_true", help="connect and hold, no runs")
+    parser.add_argument("--catch-up", action="store_true",
+                        help="scripted pieces due on the model's clock, merged when late")
     args = parser.parse_args()
     if not args.url and not args.spawn:
         parser.error("give --url of a running server, or --spawn")
     scenario = Scenario(**{k: getattr(args, k) for k in asdict(defaults)})
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    pin(0, CLIENT_CORE)  # as in `make bench`: spawned servers are pinned to the other core
 
     async def go() -> dict[str, Any]:
         if args.url:

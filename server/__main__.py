@@ -41,7 +41,7 @@ def browser_url(configured_host: str, bound: tuple[object, ...]) -> str:
     return f"http://{host}:{port}/"
 
 
-GC_YOUNG_THRESHOLD = 10_000
+GC_THRESHOLDS = (5_000, 4, 50)
 
 
 def settle_heap() -> None:
@@ -49,19 +49,20 @@ def settle_heap() -> None:
 
     What start-up built (modules, classes, pydantic schemas: ~150,000
     objects) lives as long as the process, yet every full collection walked
-    it again: pauses of 100-300 ms with 1,000 busy connections, which the
-    event loop (every connection's deltas) waited out. `gc.freeze()` moves
-    it out of the collector's sight. The youngest generation is collected
-    after 10,000 net allocations instead of 700: an event's short-lived
-    objects die by reference count before a collection sees them, and the
-    collector's CPU share under load fell from ~25% to ~6%
-    (`python -m bench.load`, 1,000 runs). Cyclic garbage still goes, a
+    it again: pauses of 100-300 ms with 1,000 busy connections, which every
+    connection's events waited out. `gc.freeze()` moves it out of the
+    collector's sight. The thresholds trade pause length for frequency
+    (`python -m bench.load`, 1,000 runs, quiet machine, longest pause seen):
+    Python's (700, 10, 10) spent ~25% of the server's CPU collecting, with
+    full collections of 100-340 ms; (10,000, 10, 10) ~6%, but each
+    second-generation collection walked up to 100,000 objects (50-55 ms);
+    (5,000, 4, 50) the same ~6% with second-generation pauses of 11-14 ms
+    and no full collection during the run. Cyclic garbage still goes, a
     little later.
     """
     gc.collect()
     gc.freeze()
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 class AnnouncingServer(DrainingServer):

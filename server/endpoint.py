@@ -214,6 +214,7 @@ def _connection(ws: WebSocket, services: Services, session: DocumentSession, hel
         backfill=session.backfill,
         on_sent=metrics.count_sent,
         on_idle=session.on_writer_idle,
+        inline=True,  # an idle writer's next frame is sent by its publisher (outbound.py)
     )
     conn = Connection(
         session_id=connection_id, document_id=document_id, client_id=hello.client_id,

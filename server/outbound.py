@@ -27,12 +27,25 @@ connections cost one re-encoding.
 
 After each batch the writer yields, so one connection's burst never starves
 the others.
+
+Inline sends (`inline=True`, the WebSocket endpoint's writers): while the
+writer is idle (nothing queued, nothing being sent), an event or frame is
+sent at once by whoever publishes it, instead of waking the writer task for
+it. A WebSocket send with room in its buffer completes without waiting, so
+this saves a task switch per frame and, under load, a whole loop iteration
+(a first delta, an abort's `run.finished` reach the socket in the iteration
+that produced them). A send that has to wait (the peer's buffer is full) is
+handed to the writer, which finishes it before anything queued after it; a
+send that fails is raised by the writer, in its own task, as if it had sent.
+Everything else (order, seq bookkeeping, gap filling, the bounds) is the
+writer's as before: only the next event in seq order, with nothing queued,
+goes inline.
 """
 
 import asyncio
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 
 import orjson
@@ -40,6 +53,7 @@ import orjson
 from protocol.codes import CloseCode
 from server.auth import call_token_user
 from server.backends.base import BackendUnavailable, LoggedEvent
+from server.continuation import Continuation
 
 logger = logging.getLogger("cowrite.outbound")
 BATCH = 64
@@ -65,7 +79,23 @@ class _Replay:
     events: list[LoggedEvent]
 
 
-_Item = _Frame | LoggedEvent | _Replay | CloseRequest
+@dataclass(frozen=True, slots=True)
+class _Unfinished:
+    """An inline send that had to wait: the writer finishes it first."""
+
+    send: Awaitable[object]
+    seq: int  # 0 for a frame
+    type: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """An inline send that failed: the writer raises it."""
+
+    error: Exception
+
+
+_Item = _Frame | LoggedEvent | _Replay | CloseRequest | _Unfinished | _Failed
 Backfill = Callable[[int, int], Awaitable[list[LoggedEvent] | None]]
 
 # frame text -> (token's user, frame without the token); shared by every writer
@@ -98,9 +128,10 @@ class Outbound:
     an idle connection holds this object, its deque and no more (the writer
     waits on a plain future created only while it is idle)."""
 
-    __slots__ = ("_abandoned", "_backfill", "_busy", "_held", "_max_bytes", "_max_events",
-                 "_on_idle", "_on_sent", "_queue", "_queued_bytes", "_queued_events", "_send",
-                 "_task", "_user_id", "_waiter", "close_request", "sent_seq")
+    __slots__ = ("_abandoned", "_backfill", "_busy", "_held", "_inline", "_max_bytes",
+                 "_max_events", "_on_idle", "_on_sent", "_queue", "_queued_bytes",
+                 "_queued_events", "_send", "_task", "_user_id", "_waiter", "close_request",
+                 "sent_seq")
 
     def __init__(
         self,
@@ -112,8 +143,10 @@ class Outbound:
         user_id: str | None = None,
         on_sent: Callable[[str], None] = lambda _type: None,
         on_idle: Callable[[], None] = lambda: None,
+        inline: bool = False,
     ) -> None:
         self._send = send
+        self._inline = inline
         self._max_events = max_events
         self._max_bytes = max_bytes
         self._backfill = backfill
@@ -162,8 +195,35 @@ class Outbound:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    def _idle(self) -> bool:
+        """Inline sends allowed: the writer waits with nothing queued or in flight."""
+        waiter = self._waiter
+        return self._inline and waiter is not None and not waiter.done() and not self._queue
+
+    def _send_now(self, text: str, type_: str, seq: int) -> None:
+        coro = self._send(text)
+        if not isinstance(coro, Coroutine):  # not a coroutine function: the writer awaits it
+            self._put(_Unfinished(coro, seq, type_))
+            self._wakeup()
+            return
+        try:
+            waiting = coro.send(None)
+        except StopIteration:
+            if seq:
+                self.sent_seq = seq
+            self._on_sent(type_)
+            return
+        except Exception as exc:  # raised again by the writer, in its own task
+            self._put(_Failed(exc))
+        else:
+            self._put(_Unfinished(Continuation(coro, waiting), seq, type_))
+        self._wakeup()
+
     def push_frame(self, type_: str, text: str) -> None:
         if self.close_request is None:
+            if self._idle():
+                self._send_now(text, type_, 0)
+                return
             self._queued_bytes += len(text)
             self._put(_Frame(type_, text))
             self._wakeup()
@@ -174,6 +234,9 @@ class Outbound:
             return
         if self._held is not None:
             self._held.append(event)
+            return
+        if event.seq == self.sent_seq + 1 and self._idle():
+            self._send_now(self._frame_of(event), event.type, event.seq)
             return
         self._queued_events += 1
         self._queued_bytes += len(event.frame)
@@ -245,19 +308,27 @@ class Outbound:
             queue = self._queue  # only this writer replaces it, and only while idle
             for _ in range(min(BATCH, len(queue))):
                 item = queue.popleft()
-                if isinstance(item, CloseRequest):
-                    return item
-                if isinstance(item, _Frame):
-                    self._queued_bytes -= len(item.text)
-                    await self._send(item.text)
-                    self._on_sent(item.type)
-                elif isinstance(item, LoggedEvent):
+                if isinstance(item, LoggedEvent):
                     self._queued_events -= 1
                     self._queued_bytes -= len(item.frame)
                     if not await self._send_event(item):
                         return self._lost_track()
-                elif not await self._send_replay(item.events):
-                    return self._lost_track()
+                elif isinstance(item, _Frame):
+                    self._queued_bytes -= len(item.text)
+                    await self._send(item.text)
+                    self._on_sent(item.type)
+                elif isinstance(item, _Replay):
+                    if not await self._send_replay(item.events):
+                        return self._lost_track()
+                elif isinstance(item, _Unfinished):
+                    await item.send
+                    if item.seq:
+                        self.sent_seq = item.seq
+                    self._on_sent(item.type)
+                elif isinstance(item, _Failed):
+                    raise item.error
+                else:
+                    return item
             del item  # an idle writer must not hold the last frame (the welcome, often)
             if self._queue:
                 await asyncio.sleep(0)  # more to send: let other connections' writers run
@@ -286,13 +357,18 @@ class Outbound:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, BACKFILL_RETRY_MAX_S)
 
-    async def _deliver(self, event: LoggedEvent) -> None:
+    def _frame_of(self, event: LoggedEvent) -> str:
+        """The event's frame as this connection may see it (another user's call
+        token removed)."""
         frame = event.frame
         if event.type == "tool.call" and '"token"' in frame:
             owner, stripped = _tool_call_view(frame)
             if owner != self._user_id:
                 frame = stripped
-        await self._send(frame)
+        return frame
+
+    async def _deliver(self, event: LoggedEvent) -> None:
+        await self._send(self._frame_of(event))
         self.sent_seq = event.seq
         self._on_sent(event.type)
 

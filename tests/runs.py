@@ -21,9 +21,10 @@ REPLACE_DOC = {"name": "replace_document", "description": "Replace everything.",
 EDITOR_TOOLS: list[dict[str, Any]] = [READ, INSERT, REPLACE_DOC]
 
 
-def script(*steps: dict[str, Any], chunk_chars: int = 4, delay_ms: int = 0) -> str:
-    return orjson.dumps(
-        {"script": list(steps), "chunk_chars": chunk_chars, "delay_ms": delay_ms}).decode()
+def script(*steps: dict[str, Any], chunk_chars: int = 4, delay_ms: int = 0,
+           **options: Any) -> str:
+    return orjson.dumps({"script": list(steps), "chunk_chars": chunk_chars,
+                         "delay_ms": delay_ms, **options}).decode()
 
 
 def call(name: str, **arguments: Any) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 (deltas back to back, or a connection with a send pending), never for a paced
 stream to an idle connection; live and replayed streams are identical."""
 
+import time
+
 from tests.harness import RawClient, Server, joined, running_server, token
 from tests.runs import of_run, script, start
 
@@ -26,6 +28,28 @@ async def test_back_to_back_deltas_merge_before_logging(server: Server) -> None:
         deltas = of_run(client.events, ack["run_id"], "message.delta")
         assert "".join(d["delta"] for d in deltas) == TEXT == done["text"]
         assert len(deltas) < 1000
+        resume = {"epoch": welcome["epoch"], "after_seq": welcome["last_seq"]}
+        async with joined(server, client_id="late", resume=resume) as (late, back):
+            replayed = [await late.recv() for _ in range(back["replayed"])]
+        assert of_run(replayed, ack["run_id"]) == of_run(client.events, ack["run_id"])
+
+
+async def test_a_stream_reached_late_sends_the_text_due_as_one_delta_live_and_on_replay(
+        server: Server) -> None:
+    """A model keeps writing while the server is busy elsewhere (the scripted model's
+    `catch_up`): the pieces that fell due meanwhile come as one larger delta, and a
+    client that resumes later replays exactly the events the live one got."""
+    async with joined(server) as (client, welcome):
+        ack = await start(client, script({"say": TEXT[:400]}, chunk_chars=4, delay_ms=5,
+                                         catch_up=True))
+        await client.recv_until("message.delta")
+        time.sleep(0.1)  # noqa: ASYNC251 - the loop (server and client) is held up on purpose
+        done = await client.recv_until("message.done")
+        await client.recv_until("run.finished")
+        deltas = of_run(client.events, ack["run_id"], "message.delta")
+        assert "".join(d["delta"] for d in deltas) == TEXT[:400] == done["text"]
+        assert max(len(d["delta"]) for d in deltas) >= 40  # >= 10 pieces fell due at once
+        assert len(deltas) < 100
         resume = {"epoch": welcome["epoch"], "after_seq": welcome["last_seq"]}
         async with joined(server, client_id="late", resume=resume) as (late, back):
             replayed = [await late.recv() for _ in range(back["replayed"])]

@@ -248,6 +248,12 @@ async def test_bad_tool_declarations_are_invalid_message(server: Server) -> None
         await client.send({"type": "run.start", "id": "s", "prompt": "p", "tools": [bad]})
         error = await client.recv_until("error")
         assert error["code"] == "invalid_message" and "t.parameters" in error["message"]
+        # verdicts are kept per schema: a repeat, under another name, is refused alike
+        await client.send({"type": "run.start", "id": "s2", "prompt": "p",
+                           "tools": [{**bad, "name": "u"}]})
+        again = await client.recv_until("error")
+        assert again["reply_to"] == "s2" and again["code"] == "invalid_message"
+        assert again["message"] == error["message"].replace("tools.t.", "tools.u.")
 
 
 async def test_demo_prompt_reads_then_edits(server: Server) -> None:

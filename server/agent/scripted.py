@@ -9,11 +9,24 @@ Any other prompt gets the demo: read the document with the client's
 `read_document` tool, then edit it visibly (`insert_text`, or
 `replace_document`, which the test page guards with an approval, when the
 prompt asks to rewrite or replace), with streamed commentary.
+
+Pacing: every scripted stream of a process waits on one shared timer per due
+millisecond (`_Pacer`), not a timer of its own per piece: with 1,000 streams
+50 pieces a second apart, that is at most 1,000 timers a second instead of
+50,000. Each piece comes `delay_ms` after the previous one was taken, so a
+busy server slows the stream down. With `"catch_up": true` (a load-test
+option) the pieces are due on the model's own clock instead, `delay_ms`
+apart from the start of the call, as a real upstream produces them whatever
+the reader does; a stream the server gets to late takes every piece already
+due as one chunk, as a reader takes several SSE events waiting in its socket
+in one read.
 """
 
 import asyncio
 import functools
+import math
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -36,17 +49,49 @@ def parse_script(prompt: str) -> dict[str, Any] | None:
     return None
 
 
+class _Pacer:
+    """The scripted streams' clock: one loop timer per due millisecond, shared
+    by every stream of the model due then (one per event loop)."""
+
+    __slots__ = ("_due",)
+
+    def __init__(self) -> None:
+        self._due: dict[int, list[asyncio.Future[None]]] = {}
+
+    def until(self, loop: asyncio.AbstractEventLoop, when: float) -> "asyncio.Future[None]":
+        """A future done at loop time `when` (rounded up to the millisecond)."""
+        tick = math.ceil(when * 1000)
+        waiters = self._due.get(tick)
+        if waiters is None:
+            waiters = self._due[tick] = []
+            loop.call_at(tick / 1000, self._fire, tick)
+        future = loop.create_future()
+        waiters.append(future)
+        return future
+
+    def _fire(self, tick: int) -> None:
+        for future in self._due.pop(tick, ()):
+            if not future.done():  # a cancelled stream left its future behind
+                future.set_result(None)
+
+
 class ScriptedLLM:
+    def __init__(self) -> None:
+        self._pacers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pacer] = \
+            weakref.WeakKeyDictionary()
+
     async def close(self) -> None:
         return None
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         script = parse_script(request.prompt)
+        catch_up = False
         if script is not None:
             steps: list[Any] = script["script"]
             step = steps[request.step] if request.step < len(steps) else {}
             chunk_chars = max(1, int(script.get("chunk_chars", 4)))
             delay = max(0.0, float(script.get("delay_ms", 0)) / 1000)
+            catch_up = script.get("catch_up") is True
         else:
             step = _demo_step(request)
             chunk_chars, delay = 6, 0.015
@@ -54,9 +99,26 @@ class ScriptedLLM:
             raise ModelError("bad_request",
                              public=f"script element {request.step} is not an object")
         say = str(step.get("say") or "")
-        for start in range(0, len(say), chunk_chars):
-            await asyncio.sleep(delay)
-            yield TextChunk(say[start:start + chunk_chars])
+        count = -(-len(say) // chunk_chars)
+        if delay <= 0:
+            for index in range(count):
+                await asyncio.sleep(0)
+                yield TextChunk(say[index * chunk_chars:(index + 1) * chunk_chars])
+        elif count:
+            loop = asyncio.get_running_loop()
+            pacer = self._pacers.get(loop)
+            if pacer is None:
+                pacer = self._pacers[loop] = _Pacer()
+            begin, sent = loop.time(), 0
+            while sent < count:
+                due = begin + (sent + 1) * delay if catch_up else loop.time() + delay
+                if due > loop.time():
+                    await pacer.until(loop, due)
+                upto = sent + 1
+                if catch_up:  # every piece due by now comes in this chunk
+                    upto = min(count, max(upto, int((loop.time() - begin) / delay + 1e-9)))
+                yield TextChunk(say[sent * chunk_chars:upto * chunk_chars])
+                sent = upto
         if step.get("fail"):
             # The scripted text is the test's own words, not an exception's.
             raise ModelError("server_error", public=str(step["fail"])[:500])

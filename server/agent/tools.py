@@ -7,6 +7,7 @@ dispatched: unknown tools and arguments that fail the tool's JSON Schema
 become tool errors for the model, never a `tool.call` to a client.
 """
 
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -17,18 +18,46 @@ import orjson
 from protocol.client import ToolSpec
 from server.ports import ServerTools
 
+SCHEMA_CHECKS_CACHED = 512
+# canonical schema JSON -> why it is not a valid object schema (None: it is).
+# Editors declare the same few tools on every run.start, and the metaschema
+# check costs ~0.2 ms per tool (the largest share of admitting a run), so its
+# verdict is kept per distinct schema.
+_schema_verdicts: OrderedDict[bytes, str | None] = OrderedDict()
+
 
 def check_tool_schemas(tools: list[ToolSpec]) -> str | None:
     """None when every declared `parameters` is a valid JSON Schema object; else why not."""
     for tool in tools:
-        if tool.parameters.get("type", "object") != "object":
-            return f"tools.{tool.name}.parameters must describe an object"
-        try:
-            jsonschema.Draft202012Validator.check_schema(tool.parameters)
-        except jsonschema.SchemaError as exc:
-            return f"tools.{tool.name}.parameters is not a valid JSON Schema: {exc.message}"
-        except RecursionError:
-            return f"tools.{tool.name}.parameters is nested too deeply"
+        problem = _schema_problem(tool.parameters)
+        if problem is not None:
+            return f"tools.{tool.name}.parameters {problem}"
+    return None
+
+
+def _schema_problem(parameters: dict[str, Any]) -> str | None:
+    try:
+        key = orjson.dumps(parameters, option=orjson.OPT_SORT_KEYS)
+    except (TypeError, ValueError):  # too deep for orjson: judged without the cache
+        return _judge_schema(parameters)
+    if key in _schema_verdicts:
+        _schema_verdicts.move_to_end(key)
+        return _schema_verdicts[key]
+    verdict = _schema_verdicts[key] = _judge_schema(parameters)
+    if len(_schema_verdicts) > SCHEMA_CHECKS_CACHED:
+        _schema_verdicts.popitem(last=False)
+    return verdict
+
+
+def _judge_schema(parameters: dict[str, Any]) -> str | None:
+    if parameters.get("type", "object") != "object":
+        return "must describe an object"
+    try:
+        jsonschema.Draft202012Validator.check_schema(parameters)
+    except jsonschema.SchemaError as exc:
+        return f"is not a valid JSON Schema: {exc.message}"
+    except RecursionError:
+        return "is nested too deeply"
     return None
 
 

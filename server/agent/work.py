@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from protocol.server import RunError
-from server.agent import json_format
+from server.agent import json_format, pacing
 from server.agent.llm import LLM, ModelError, ModelRequest, TextChunk, ToolCallRequest, UsageChunk
 from server.agent.run_state import ModelCall, RunState, ToolOutcome
 from server.agent.steps import (
@@ -62,6 +62,7 @@ async def model_turn(state: RunState, llm: LLM, log: EventLog, toolbox: ToolBox,
     calls: list[ToolCallRequest] = []
     streamed = not state.json_tools and state.message_id is not None
     started = time.perf_counter()
+    gate = pacing.turns()  # while the loop is behind, a streaming run waits its turn
     try:
         async for chunk in llm.stream(request):
             if isinstance(chunk, TextChunk):
@@ -69,6 +70,9 @@ async def model_turn(state: RunState, llm: LLM, log: EventLog, toolbox: ToolBox,
                     parts.append(chunk.text)
                     if streamed:
                         await log.publish_delta(state.run_id, str(state.message_id), chunk.text)
+                        turn = gate.after_delta()
+                        if turn is not None:
+                            await turn
             elif isinstance(chunk, ToolCallRequest):
                 calls.append(chunk)
             elif isinstance(chunk, UsageChunk):

@@ -31,6 +31,7 @@ import uuid
 from collections import OrderedDict, defaultdict, deque
 from collections.abc import AsyncIterator, Callable
 from itertools import islice
+from operator import itemgetter
 from typing import Any
 
 from server.backends.base import (
@@ -48,12 +49,21 @@ SWEEP_MAX_INTERVAL_S = 30.0
 TRIM_AFTER_EVICTIONS = 256
 
 
+_Entry = tuple[int, str, str]  # seq, type, frame
+
+
 class _DocumentLog:
+    """One document's events, kept as plain (seq, type, frame) tuples: the
+    garbage collector stops tracking a tuple of numbers and strings after
+    its first pass, so a log of thousands of events adds nothing to the
+    full collections that would otherwise walk every one of them (a
+    `LoggedEvent` is built again for a replay)."""
+
     __slots__ = ("epoch", "events", "last_seq")
 
     def __init__(self, max_events: int) -> None:
         self.epoch = uuid.uuid4().hex
-        self.events: deque[LoggedEvent] = deque(maxlen=max_events)
+        self.events: deque[_Entry] = deque(maxlen=max_events)
         self.last_seq = 0
 
 
@@ -199,9 +209,10 @@ class MemoryBackend:
         log = self._log(document_id)
         seq = log.last_seq + 1
         frame = body.decode() + f',"seq":{seq},"ts":{now_ms()}}}'
-        logged = LoggedEvent(seq, str(event["type"]), frame)
+        kind = str(event["type"])
+        logged = LoggedEvent(seq, kind, frame)
         log.last_seq = seq
-        log.events.append(logged)
+        log.events.append((seq, kind, frame))
         for listener in tuple(self._listeners.get(document_id, ())):
             listener(logged)
         return logged
@@ -223,9 +234,9 @@ class MemoryBackend:
         if after_seq >= last:
             return []
         events = log.events
-        start = bisect.bisect_right(events, after_seq, key=lambda e: e.seq)
-        stop = bisect.bisect_right(events, last, key=lambda e: e.seq)
-        found = list(islice(events, start, stop))
+        start = bisect.bisect_right(events, after_seq, key=itemgetter(0))
+        stop = bisect.bisect_right(events, last, key=itemgetter(0))
+        found = [LoggedEvent(*entry) for entry in islice(events, start, stop)]
         if not found or found[0].seq != after_seq + 1 or found[-1].seq != last or \
                 len(found) != last - after_seq:
             return "history_truncated"

@@ -1,0 +1,41 @@
+"""Finishing a coroutine in another task than the one that started it.
+
+A WebSocket send normally completes without ever waiting, so the publisher
+of an event can run it to completion on the spot (`coroutine.send(None)`);
+when it does have to wait, the coroutine is suspended on a future, and the
+connection's writer task finishes it by awaiting a `Continuation`, which
+passes that future to the writer's task and resumes the coroutine exactly as
+a task would have (a cancellation of the writer is thrown into it).
+"""
+
+from collections.abc import Coroutine, Generator
+from typing import Any
+
+
+class Continuation:
+    """Awaiting this finishes, in the awaiting task, a coroutine that was started
+    elsewhere and is suspended on `waiting` (what it yielded to the loop)."""
+
+    __slots__ = ("_coro", "_waiting")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], waiting: Any) -> None:
+        self._coro, self._waiting = coro, waiting
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        coro, waiting = self._coro, self._waiting
+        while True:
+            try:
+                value = yield waiting
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # the awaiting task was cancelled: tell the send
+                try:
+                    waiting = coro.throw(exc)
+                except StopIteration:
+                    return
+            else:
+                try:
+                    waiting = coro.send(value)
+                except StopIteration:
+                    return
