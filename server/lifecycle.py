@@ -26,7 +26,7 @@ logger = logging.getLogger("cowrite.lifecycle")
 async def drain(services: Services, timeout_s: float = 3.0) -> None:
     services.draining = services.runs.draining = True
     sessions = list(services.hub.sessions.values())
-    if await services.router.others_alive():  # section 13: hand the runs over
+    if await services.router.begin_drain():  # section 13: hand the runs over
         await asyncio.gather(*(session.runs.hand_over() for session in sessions),
                              return_exceptions=True)
     else:  # section 6: the last instance ends its runs server_shutdown

@@ -17,7 +17,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any
 
 from protocol.client import (
     Approval,
@@ -30,7 +30,6 @@ from protocol.client import (
 from protocol.codes import ErrorCode
 from protocol.server import FinishedStatus, RunSnapshot
 from server.agent.admission import first_state, refusal, toolbox_for
-from server.agent.checkpoint import from_checkpoint, to_checkpoint
 from server.agent.driver import RunDriver
 from server.agent.environment import RunEnvironment
 from server.agent.run_queue import RunQueueMixin
@@ -43,10 +42,9 @@ from server.agent.steps import (
     End,
     ExecutorPresence,
     Input,
-    LeaseLost,
     Reply,
-    Resume,
 )
+from server.agent.takeover import TakeoverMixin
 from server.agent.work import now_ms
 from server.backends.base import BackendUnavailable
 from server.connection import Peer
@@ -58,7 +56,7 @@ SUPERSEDE_WAIT_S = 3.0
 RELEASE_WAIT_S = 1.0
 
 
-class RunCoordinator(RunQueueMixin):
+class RunCoordinator(RunQueueMixin, TakeoverMixin):
     def __init__(self, document_id: str, log: EventLog, local: LocalPresence,
                  env: RunEnvironment, on_idle: Callable[[], None] = lambda: None) -> None:
         self.document_id = document_id
@@ -111,66 +109,18 @@ class RunCoordinator(RunQueueMixin):
             return
         if message.origin != "user":
             return
-        record = await self._remote_record()
+        record = await self._record_elsewhere()
         if record is not None:
-            self.env.cluster.post(record["owner"], {
-                "kind": "edit", "document_id": self.document_id, "run_id": record["run_id"],
-                "user_id": peer.user_id, "message": message.to_wire()})
+            run_id = str(record["run_id"])
+            self.env.cluster.post_to_run_owner(self.document_id, run_id, {
+                "kind": "edit", "document_id": self.document_id, "run_id": run_id,
+                "user_id": peer.user_id, "message": message.to_wire()}, record)
 
     async def abort(self, run_id: str, status: FinishedStatus, reason: str) -> None:
         """End the local run `run_id` (asked by another instance)."""
         driver = self.active
         if driver is not None and driver.run_id == run_id:
             await driver.submit(End(status, reason))
-
-    async def adopt(self, record: dict[str, Any], reason: Literal["owner_lost", "handoff"]
-                    ) -> bool:
-        """Take over the run of `record` (its owner is gone; this instance holds its lease
-        now) from its checkpoint; False when there is none to go on from."""
-        checkpoint = record.get("checkpoint")
-        if not isinstance(checkpoint, dict) or self.active is not None:
-            return False
-        state = replace(from_checkpoint(checkpoint),
-                        executor_present=self.local.has_client(str(record.get("user_id")),
-                                                               str(record.get("client_id"))))
-        text_sent = state.phase == "model" and await self._streamed(state)
-        spec = None if state.current is None or self.env.tools is None else next(
-            (t for t in self.env.tools.specs() if t.name == state.current.name), None)
-        driver = RunDriver(state, self.env, self.log, toolbox_for(state, self.env),
-                           self._finished)
-        self.active = driver
-        logger.warning("taking over run %s (%s)", state.run_id, reason,
-                       extra={"document_id": self.document_id, "run_id": state.run_id})
-        return await driver.start(None, None, Resume(reason, now_ms(), text_sent,
-                                                     spec is not None and spec.idempotent))
-
-    async def _streamed(self, state: RunState) -> bool:
-        """Whether the message of the interrupted model call reached the log."""
-        head = await self.env.registry.head(self.document_id)
-        tail = await self.env.registry.read_after(self.document_id, head.epoch,
-                                                  max(0, head.last_seq - 2000))
-        return isinstance(tail, list) and any(
-            event.type == "message.delta" and f'"message_id":"{state.message_id}"' in event.frame
-            for event in tail)
-
-    async def hand_over(self) -> None:
-        """Draining with another instance alive: stop the run here without ending it, leave
-        its final checkpoint, and let its lease lapse at once so a survivor takes it over
-        (`run.resumed` `handoff`)."""
-        driver = self.active
-        if driver is None:
-            return
-        await driver.submit(LeaseLost())
-        await driver.done.wait()
-        state = driver.last_live_state
-        if state is None or state.finished:
-            return
-        record = {**state.to_record(self.env.instance_id), "checkpoint": to_checkpoint(state),
-                  "handoff": True}
-        with contextlib.suppress(BackendUnavailable):
-            await self.env.registry.renew_run(self.document_id, record,
-                                              self.env.settings.run_lease_s)
-            await self.env.registry.expire_run_lease(self.document_id)
 
     async def shutdown(self) -> None:
         driver = self.active
@@ -200,11 +150,11 @@ class RunCoordinator(RunQueueMixin):
             return
         if isinstance(message, RunCancel) and await self._cancel_queued(peer, message):
             return
-        if not forwarded:
-            record = await self._remote_record(message.run_id)
-            if record is not None:  # the run lives on another instance
-                await self.env.cluster.forward(record["owner"], peer, message)
-                return
+        record = await self._record_elsewhere(message.run_id)
+        if record is not None and await self.env.cluster.to_run_owner(
+                self.document_id, message.run_id, self.env.cluster.envelope(peer, message),
+                record, peer):
+            return  # the run lives on (or is moving to) another instance
         if await self.env.registry.get_run_record(self.document_id, message.run_id):
             peer.error(ErrorCode.RUN_NOT_ACTIVE, f"run {message.run_id!r} has finished",
                        reply_to=message.id, run_id=message.run_id)
@@ -378,6 +328,21 @@ class RunCoordinator(RunQueueMixin):
             self.active = None
         self.kick()
         self._on_idle()
+
+    async def _record_elsewhere(self, run_id: str | None = None) -> dict[str, Any] | None:
+        """The document's active run (`run_id`, if given) when this instance is not
+        running it: another instance owns it, or it is moving to one."""
+        try:
+            record = await self.env.registry.active_run(self.document_id)
+        except BackendUnavailable:
+            return None
+        if record is None or (run_id is not None and record.get("run_id") != run_id):
+            return None
+        driver = self.active
+        if driver is not None and driver.run_id == record.get("run_id") and \
+                not driver.done.is_set():
+            return None
+        return record
 
     async def _remote_record(self, run_id: str | None = None) -> dict[str, Any] | None:
         """The document's active run if another instance owns it."""

@@ -171,7 +171,25 @@ class Backend(RunRegistry, Protocol):
         """Durably queue `message` for an instance (its inbox)."""
         ...
 
-    def inbox(self, instance_id: str) -> AsyncIterator[dict[str, Any]]: ...
+    async def send_to_run_owner(self, document_id: str, run_id: str, message: dict[str, Any]
+                                ) -> str | None:
+        """Queue `message` for whoever owns the document's active run `run_id`, read in
+        the same atomic step as the send (a takeover falls wholly before or after it);
+        that owner's id, or None, with nothing sent, when `run_id` is not active."""
+        ...
+
+    def inbox(self, instance_id: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """The instance's messages in order, each with its entry id."""
+        ...
+
+    async def take_message(self, instance_id: str, entry_id: str) -> bool:
+        """Claim an inbox entry before acting on it: True for one caller only (the
+        instance itself, or the next owner of a run whose owner left it unread)."""
+        ...
+
+    async def unread_messages(self, instance_id: str) -> list[tuple[str, dict[str, Any]]]:
+        """The entries still in an instance's inbox (sent, not yet claimed)."""
+        ...
 
     async def set_presence(self, document_id: str, member: str, present: bool) -> None:
         """`member` is "user|client|connection"; presence outlives no instance."""

@@ -62,8 +62,6 @@ RENEW_EVERY_S = 30.0
 READ_CHUNK = 1000
 
 LEASES_KEY = "cw:leases"
-INBOX_MAXLEN = 10_000
-INBOX_TTL_S = 3600
 
 
 def _keys(document_id: str) -> tuple[str, str]:
@@ -347,34 +345,6 @@ class RedisBackend(RedisRunQueue, RedisInstances):
         flat = await self._call(self._expired_runs(keys=[LEASES_KEY],
                                                    args=[now, now + int(lease_s * 1000)]))
         return [(flat[i], dict(orjson.loads(flat[i + 1]))) for i in range(0, len(flat), 2)]
-
-    async def send(self, instance_id: str, message: dict[str, Any]) -> None:
-        key = f"cw:inbox:{instance_id}"
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.xadd(key, {"m": orjson.dumps(message).decode()}, maxlen=INBOX_MAXLEN,
-                  approximate=True)
-        pipe.expire(key, INBOX_TTL_S)
-        await self._call(pipe.execute())
-
-    async def inbox(self, instance_id: str) -> AsyncIterator[dict[str, Any]]:
-        """Messages for this instance, in order; survives Redis reconnects."""
-        key, last_id = f"cw:inbox:{instance_id}", "0-0"
-        reader = aioredis.Redis.from_url(self._url, decode_responses=True,
-                                         socket_connect_timeout=2.0)
-        try:
-            while True:
-                try:
-                    batches: Any = await reader.xread({key: last_id}, block=1000, count=100)
-                except (RedisError, OSError) as exc:
-                    logger.warning("inbox read failed (%s); retrying", exc)
-                    await asyncio.sleep(0.5)
-                    continue
-                for _stream, entries in batches or ():
-                    for entry_id, fields in entries:
-                        last_id = entry_id
-                        yield dict(orjson.loads(fields["m"]))
-        finally:
-            await reader.aclose()
 
     async def set_presence(self, document_id: str, member: str, present: bool) -> None:
         key = f"cw:{{{document_id}}}:present"

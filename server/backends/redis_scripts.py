@@ -79,6 +79,18 @@ for _, doc in ipairs(docs) do
 end
 return out
 """
+# A message for a run goes to the inbox of the run's owner as read in the same step, so
+# a takeover (which rewrites the owner) falls wholly before or after it.
+SEND_TO_OWNER_LUA = """
+local active = redis.call('GET', KEYS[1])
+if not active then return false end
+local record = cjson.decode(active)
+if record['run_id'] ~= ARGV[1] or type(record['owner']) ~= 'string' then return false end
+local inbox = 'cw:inbox:' .. record['owner']
+redis.call('XADD', inbox, 'MAXLEN', '~', ARGV[3], '*', 'm', ARGV[2])
+redis.call('EXPIRE', inbox, ARGV[4])
+return record['owner']
+"""
 PRESENT_LUA = """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 local members = redis.call('ZRANGE', KEYS[1], 0, -1)
