@@ -37,7 +37,7 @@ from protocol.codes import CloseCode, ErrorCode
 from protocol.parsing import ParseFailure, decode_frame, peek_reply_to, validate_message
 from protocol.server import Error, Pong
 from server.auth import AuthError, Principal
-from server.backends.base import BackendUnavailable
+from server.backends.base import BackendUnavailable, cancel_requested
 from server.connection import Connection
 from server.limits import HandshakeGate, InvalidStreak, TokenBucket
 from server.outbound import Outbound
@@ -269,7 +269,7 @@ async def _reader(
     bucket = TokenBucket(settings.rate_messages_per_s, settings.rate_messages_per_s * 2)
     streak = InvalidStreak(settings.max_invalid_messages)
     session = services.hub.get(conn.document_id)
-    while True:
+    while not cancel_requested():  # a cancel lost in a Redis write must still end it
         frame = await _receive(ws)
         if frame is None:
             return

@@ -2,6 +2,8 @@
 server processes: the owner killed while an approval waits, a server tool cut
 mid-call, every instance gone at once (the startup sweep)."""
 
+import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ from tests.cluster_support import (
     FAST_LEASE,
     cluster,
     ended,
+    instance,
     join,
     killed,
     last_seq,
@@ -17,6 +20,7 @@ from tests.cluster_support import (
 )
 from tests.fake_openai import Reply, running_fake_openai
 from tests.harness import Client
+from tests.redis_support import redis_process
 from tests.runs import answer, call, of_run, script
 from tests.tool_support import file_says
 
@@ -119,3 +123,83 @@ async def test_a_server_tool_cut_mid_call(tmp_path: Path, idempotent: bool) -> N
             assert done["status"] == "error" and "interrupted" in done["error"]["message"]
             assert "interrupted" in told["content"]
             assert marker.read_text().split() == ["start"]
+
+
+async def test_a_fresh_instance_takes_over_the_runs_of_a_dead_cluster() -> None:
+    text = "word " * 40
+    async with cluster(env=FAST_LEASE) as (redis, (one, two)):
+        async with join(one, "doc-a") as (tab_a, welcome_a), \
+                join(two, "doc-b", sub="bob") as (tab_b, welcome_b):
+            await start_run(tab_a, script({"tool_calls": [call("read_document")]},
+                                          {"say": "after"}), "s-a")
+            tool_call = await tab_a.recv_until("tool.call")
+            await start_run(tab_b, script({"say": text}, chunk_chars=5, delay_ms=40), "s-b")
+            await tab_b.recv_until("message.delta")
+            await asyncio.gather(killed(one), killed(two))  # no instance is left
+        seen_a, seen_b = last_seq(tab_a, welcome_a), last_seq(tab_b, welcome_b)
+        async with instance(redis, FAST_LEASE) as fresh, \
+                join(fresh, "doc-a", resume={"epoch": welcome_a["epoch"],
+                                             "after_seq": seen_a}) as (again_a, _), \
+                join(fresh, "doc-b", sub="bob", resume={"epoch": welcome_b["epoch"],
+                                                        "after_seq": seen_b}) as (again_b, _):
+            for again, run_id in ((again_a, "s-a"), (again_b, "s-b")):
+                resumed = await again.recv_until("run.resumed", timeout=TAKEOVER_S)
+                assert (resumed["run_id"], resumed["reason"]) == (run_id, "owner_lost")
+            await answer(again_a, tool_call, {"text": "doc"})  # the dead owner's token
+            finished_a = await again_a.recv_until(ended("s-a"), timeout=TAKEOVER_S)
+            discarded = await again_b.recv_until("message.discarded", timeout=TAKEOVER_S)
+            done = await again_b.recv_until("message.done", timeout=TAKEOVER_S)
+            finished_b = await again_b.recv_until(ended("s-b"), timeout=TAKEOVER_S)
+        assert finished_a["status"] == finished_b["status"] == "completed"
+        assert discarded["message_id"] == "s-b:m1"
+        assert done["text"] == text and done["message_id"] != "s-b:m1"
+        assert [e["call_id"] for e in of_run(tab_a.events + again_a.events, "s-a",
+                                             "tool.call")] == [tool_call["call_id"]]
+        contiguous(again_a, seen_a)
+        contiguous(again_b, seen_b)
+
+
+async def test_a_fresh_instance_ends_the_runs_older_than_the_run_timeout() -> None:
+    env = {**FAST_LEASE, "COWRITE_RUN_TIMEOUT_S": "3"}
+    async with redis_process() as redis:
+        async with instance(redis, env) as doomed, join(doomed) as (tab, welcome):
+            await start_run(tab, script({"tool_calls": [call("read_document")]}), "o-1")
+            started = await tab.recv_until("run.started")
+            tool_call = await tab.recv_until("tool.call")
+            await killed(doomed)  # before its own run timeout could end the run
+        seen = last_seq(tab, welcome)
+        await asyncio.sleep(max(0.0, started["ts"] / 1000 + 3.5 - time.time()))
+        async with instance(redis, env) as fresh, \
+                join(fresh, resume={"epoch": welcome["epoch"], "after_seq": seen}) as (again, _):
+            finished = await again.recv_until(ended("o-1"), timeout=TAKEOVER_S)
+            assert (finished["status"], finished["reason"]) == ("aborted", "server_lost")
+            cancelled = of_run(again.events, "o-1", "tool.done")
+            assert [(d["call_id"], d["status"]) for d in cancelled] == [
+                (tool_call["call_id"], "cancelled")]
+            await answer(again, tool_call, {"text": "too late"}, id="late")
+            late = await again.recv_until(lambda e: e.get("reply_to") == "late")
+            assert late["code"] == "run_not_active"
+            assert not of_run(again.events, "o-1", "run.resumed")
+            assert len(of_run(again.events, "o-1", "run.finished")) == 1
+            contiguous(again, seen)
+
+
+async def test_a_lone_instance_still_ends_its_runs_on_sigterm() -> None:
+    """Section 6 when nobody could take the run: SIGTERM ends it `server_shutdown`, and
+    an instance started later finds nothing left to take over."""
+    async with redis_process() as redis:
+        async with instance(redis, FAST_LEASE) as alone, join(alone) as (tab, welcome):
+            await start_run(tab, script({"tool_calls": [call("read_document")]}), "l-1")
+            await tab.recv_until("tool.call")
+            alone.process.terminate()
+            finished = await tab.recv_until(ended("l-1"), timeout=10)
+            assert (finished["status"], finished["reason"]) == ("aborted", "server_shutdown")
+            assert await tab.expect_close(timeout=10) == 1001
+        seen = last_seq(tab, welcome)
+        async with instance(redis, FAST_LEASE) as later, \
+                join(later, resume={"epoch": welcome["epoch"], "after_seq": seen}) as (again, back):
+            assert back["resumed"] is True and back.get("active_run") is None
+            await asyncio.sleep(1.5)  # a lease and more: nothing is taken over or ended again
+            await again.send({"type": "ping", "ts": 1})
+            await again.recv_until("pong")
+            assert [e for e in again.events if "seq" in e] == []

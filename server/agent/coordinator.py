@@ -114,7 +114,7 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
             run_id = str(record["run_id"])
             self.env.cluster.post_to_run_owner(self.document_id, run_id, {
                 "kind": "edit", "document_id": self.document_id, "run_id": run_id,
-                "user_id": peer.user_id, "message": message.to_wire()}, record)
+                "user_id": peer.user_id, "message": message.to_wire()})
 
     async def abort(self, run_id: str, status: FinishedStatus, reason: str) -> None:
         """End the local run `run_id` (asked by another instance)."""
@@ -150,10 +150,9 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
             return
         if isinstance(message, RunCancel) and await self._cancel_queued(peer, message):
             return
-        record = await self._record_elsewhere(message.run_id)
-        if record is not None and await self.env.cluster.to_run_owner(
+        if self.env.registry.remote and await self.env.cluster.to_run_owner(
                 self.document_id, message.run_id, self.env.cluster.envelope(peer, message),
-                record, peer):
+                peer):
             return  # the run lives on (or is moving to) another instance
         if await self.env.registry.get_run_record(self.document_id, message.run_id):
             peer.error(ErrorCode.RUN_NOT_ACTIVE, f"run {message.run_id!r} has finished",

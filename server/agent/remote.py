@@ -11,11 +11,11 @@ when it has none or is older than the run timeout, ends it through the same
 run machine as any other ending (`End` aborted / `server_lost`), so the
 pending call gets its `tool.done` and the run its one `run.finished`.
 
-No message about a run is lost to a takeover: it is sent to the owner that the
-run's record names at that instant (one atomic step), an instance that let the
-run go waits for the next owner before passing it on, and the next owner acts
-on what the previous one left unread in its inbox (each message is claimed
-once, by whoever acts on it). A draining instance takes over nothing.
+No message about a run is lost to a takeover: it is sent to the instance that
+holds the run's lease at that instant (one atomic step), an instance that let
+the run go waits for the next holder before passing it on, and the next owner
+acts on what the previous one left unread in its inbox (each message is
+claimed once, by whoever acts on it). A draining instance takes over nothing.
 """
 
 import asyncio
@@ -33,7 +33,7 @@ from server.agent.machine import RunMachine
 from server.agent.run_state import orphan_state
 from server.agent.steps import End, Publish, Release
 from server.agent.work import now_ms
-from server.backends.base import Backend, BackendUnavailable
+from server.backends.base import Backend, BackendUnavailable, cancel_requested
 from server.connection import Peer, error_event
 from server.observability import Metrics
 from server.session import SessionHub
@@ -41,6 +41,7 @@ from server.session import SessionHub
 logger = logging.getLogger("cowrite.remote")
 TAKEOVER_SLACK_S = 2.0  # a lapsed lease is taken over within a janitor tick of lapsing
 TAKEOVER_POLL_S = 0.05
+STOP_WAIT_S = 2.0
 
 
 @dataclass(eq=False)
@@ -114,7 +115,11 @@ class RunRouter:
         pending = self._tasks + list(self._posts) + list(self._deliveries)
         for task in pending:
             task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        # Bounded, whatever a library does with the cancel (see `cancel_requested`):
+        # a shutdown must not hang on these tasks.
+        _, stuck = await asyncio.wait(pending, timeout=STOP_WAIT_S) if pending else ((), ())
+        if stuck:
+            logger.warning("%d cluster task(s) did not stop; leaving them", len(stuck))
 
     def envelope(self, peer: Peer, message: WireModel) -> dict[str, Any]:
         """A client's message as it travels to a run's owner (whose answer goes back to
@@ -125,57 +130,60 @@ class RunRouter:
                 "client_id": peer.client_id, "message": message.to_wire()}
 
     async def to_run_owner(self, document_id: str, run_id: str, message: dict[str, Any],
-                           record: dict[str, Any], peer: Peer | None = None) -> bool:
-        """Bring `message` to the owner of the active run `run_id` (`record` is how the
-        caller last saw it): at once when another instance holds the run, or, when
-        this instance let it go (a handoff, a lost lease), once the next owner has
-        it, in the background. False, with nothing sent, when the run is not active."""
-        if record.get("owner") != self.me and not record.get("handoff"):
-            return await self.backend.send_to_run_owner(document_id, run_id, message) \
-                is not None
-        task = asyncio.get_running_loop().create_task(
-            self._after_takeover(document_id, run_id, message, peer))
-        self._deliveries.add(task)
-        task.add_done_callback(self._deliveries.discard)
+                           peer: Peer | None = None) -> bool:
+        """Bring `message` to the instance that holds the lease of the active run
+        `run_id` (this one does not run it): at once, or, while the run changes hands
+        (a handoff, or this instance let it go), once the next holder has it, in the
+        background. False, with nothing sent, when the run is not active."""
+        sent = await self.backend.send_to_run_owner(document_id, run_id, message,
+                                                    not_to=self.me)
+        if sent is None:
+            return False
+        if not sent:
+            task = asyncio.get_running_loop().create_task(
+                self._after_takeover(document_id, run_id, message, peer))
+            self._deliveries.add(task)
+            task.add_done_callback(self._deliveries.discard)
         return True
 
     async def _after_takeover(self, document_id: str, run_id: str, message: dict[str, Any],
                               peer: Peer | None) -> None:
+        """Send `message` once another instance holds the run, or this one runs it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.lease_s + TAKEOVER_SLACK_S
         reply_to = (message.get("message") or {}).get("id")
         while loop.time() < deadline:
-            with contextlib.suppress(BackendUnavailable):
-                record = await self.backend.active_run(document_id)
-                if record is None or record.get("run_id") != run_id:
-                    break
-                if record.get("owner") != self.me and not record.get("handoff"):
-                    if await self.backend.send_to_run_owner(document_id, run_id, message):
-                        return
-                    break
             await asyncio.sleep(TAKEOVER_POLL_S)
-        else:
-            if peer is not None:
-                peer.error(ErrorCode.UNAVAILABLE, "the run is moving to another instance; "
-                           "retry shortly", reply_to=reply_to, run_id=run_id,
-                           retry_after_ms=1000)
-            return
+            session = self.hub.sessions.get(document_id)
+            here = session is not None and session.runs.busy  # a takeover by this instance
+            try:
+                sent = await self.backend.send_to_run_owner(document_id, run_id, message,
+                                                            not_to="" if here else self.me)
+            except BackendUnavailable:
+                continue
+            if sent is None:
+                if peer is not None:
+                    peer.error(ErrorCode.RUN_NOT_ACTIVE, f"run {run_id!r} has finished",
+                               reply_to=reply_to, run_id=run_id)
+                return
+            if sent:
+                return
         if peer is not None:
-            peer.error(ErrorCode.RUN_NOT_ACTIVE, f"run {run_id!r} has finished",
-                       reply_to=reply_to, run_id=run_id)
+            peer.error(ErrorCode.UNAVAILABLE, "the run is moving to another instance; "
+                       "retry shortly", reply_to=reply_to, run_id=run_id, retry_after_ms=1000)
 
-    def post_to_run_owner(self, document_id: str, run_id: str, message: dict[str, Any],
-                          record: dict[str, Any]) -> None:
+    def post_to_run_owner(self, document_id: str, run_id: str, message: dict[str, Any]
+                          ) -> None:
         """`to_run_owner` without waiting (an edit: nobody to answer)."""
         task = asyncio.get_running_loop().create_task(self._to_run_owner_quietly(
-            document_id, run_id, message, record))
+            document_id, run_id, message))
         self._posts.add(task)
         task.add_done_callback(self._posts.discard)
 
     async def _to_run_owner_quietly(self, document_id: str, run_id: str,
-                                    message: dict[str, Any], record: dict[str, Any]) -> None:
+                                    message: dict[str, Any]) -> None:
         with contextlib.suppress(BackendUnavailable):
-            await self.to_run_owner(document_id, run_id, message, record)
+            await self.to_run_owner(document_id, run_id, message)
 
     def post(self, instance_id: str, message: dict[str, Any]) -> None:
         """Send without waiting (replies are ephemeral; a lost one is retried by the client)."""
@@ -244,13 +252,14 @@ class RunRouter:
 
     async def _janitor_loop(self) -> None:
         interval = max(0.05, self.lease_s / 4)
-        while True:
+        while not cancel_requested():
             await asyncio.sleep(interval)
             if self.draining:  # its runs go to others; it takes none of theirs
                 continue
             try:
                 await self.backend.heartbeat(self.me, self.lease_s * 2)
-                for document_id, record in await self.backend.expired_runs(self.lease_s):
+                for document_id, record in await self.backend.expired_runs(self.me,
+                                                                           self.lease_s):
                     if not await self._take_over(document_id, record):
                         await self._end_orphan(document_id, record)
                     await self._replay(str(record.get("owner")), document_id,

@@ -83,6 +83,4 @@ class TakeoverMixin:
         record = {**state.to_record(self.env.instance_id), "checkpoint": to_checkpoint(state),
                   "handoff": True}
         with contextlib.suppress(BackendUnavailable):
-            await self.env.registry.renew_run(self.document_id, record,
-                                              self.env.settings.run_lease_s)
-            await self.env.registry.expire_run_lease(self.document_id)
+            await self.env.registry.hand_off_run(self.document_id, record)

@@ -25,10 +25,11 @@ class MemoryInstances:
     async def live_instances(self) -> list[str]:
         return []
 
-    async def expire_run_lease(self, document_id: str) -> None:
-        return None
+    async def hand_off_run(self, document_id: str, record: dict[str, Any]) -> bool:
+        return False  # nobody to hand it to
 
-    async def expired_runs(self, lease_s: float = 10.0) -> list[tuple[str, dict[str, Any]]]:
+    async def expired_runs(self, claimer: str, lease_s: float = 10.0
+                           ) -> list[tuple[str, dict[str, Any]]]:
         return []
 
     def _inbox(self, instance_id: str) -> "asyncio.Queue[tuple[str, dict[str, Any]]]":
@@ -37,12 +38,14 @@ class MemoryInstances:
     async def send(self, instance_id: str, message: dict[str, Any]) -> None:
         self._inbox(instance_id).put_nowait((str(next(self._entry_ids)), message))
 
-    async def send_to_run_owner(self, document_id: str, run_id: str, message: dict[str, Any]
-                                ) -> str | None:
+    async def send_to_run_owner(self, document_id: str, run_id: str, message: dict[str, Any],
+                                not_to: str = "") -> str | None:
         active = self._active.get(document_id)
         if active is None or active.get("run_id") != run_id:
             return None
-        owner = str(active.get("owner"))
+        owner = str(active.get("owner") or "")
+        if owner in ("", not_to):
+            return ""
         await self.send(owner, message)
         return owner
 

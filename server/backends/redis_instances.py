@@ -5,7 +5,7 @@ draining instance hands its runs over only when another one lives (PROTOCOL.md
 section 13).
 
 Inboxes: one stream per instance. A message about a run is sent to the inbox of
-the run's owner as read atomically with the send (`send_to_run_owner`), and every
+the run's lease holder as read atomically with the send (`send_to_run_owner`), and every
 message but a reply is claimed (deleted) by whoever acts on it: the instance
 itself, or the next owner of a run its dead or draining owner left messages for.
 So a takeover loses no message, and no message is acted on twice.
@@ -21,11 +21,11 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from server.backends.base import cancel_requested
 from server.backends.redis_scripts import SEND_TO_OWNER_LUA
 
 T = TypeVar("T")
 INSTANCES_KEY = "cw:instances"
-LEASES_KEY = "cw:leases"
 INBOX_MAXLEN = 10_000
 INBOX_TTL_S = 3600
 logger = logging.getLogger("cowrite.redis")
@@ -59,10 +59,6 @@ class RedisInstances:
         alive: Any = await self._call(self._redis.zrangebyscore(INSTANCES_KEY, _now_ms(), "+inf"))
         return [str(member) for member in alive]  # decode_responses: str members
 
-    async def expire_run_lease(self, document_id: str) -> None:
-        """Let another instance's janitor take the run over now (a handoff)."""
-        await self._call(self._redis.zadd(LEASES_KEY, {document_id: 0}, xx=True))
-
     # -- inboxes -------------------------------------------------------------------
     async def send(self, instance_id: str, message: dict[str, Any]) -> None:
         key = _inbox_key(instance_id)
@@ -72,12 +68,12 @@ class RedisInstances:
         pipe.expire(key, INBOX_TTL_S)
         await self._call(pipe.execute())
 
-    async def send_to_run_owner(self, document_id: str, run_id: str, message: dict[str, Any]
-                                ) -> str | None:
+    async def send_to_run_owner(self, document_id: str, run_id: str, message: dict[str, Any],
+                                not_to: str = "") -> str | None:
         owner = await self._call(self._redis.eval(
-            SEND_TO_OWNER_LUA, 1, f"cw:{{{document_id}}}:active", run_id,
-            orjson.dumps(message).decode(), INBOX_MAXLEN, INBOX_TTL_S))
-        return str(owner) if owner else None
+            SEND_TO_OWNER_LUA, 2, f"cw:{{{document_id}}}:active", f"cw:{{{document_id}}}:owner",
+            run_id, orjson.dumps(message).decode(), INBOX_MAXLEN, INBOX_TTL_S, not_to))
+        return None if owner is None else str(owner)
 
     async def inbox(self, instance_id: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """Messages for this instance, in order; survives Redis reconnects."""
@@ -85,7 +81,7 @@ class RedisInstances:
         reader = aioredis.Redis.from_url(self._url, decode_responses=True,
                                          socket_connect_timeout=2.0)
         try:
-            while True:
+            while not cancel_requested():
                 try:
                     batches: Any = await reader.xread({key: last_id}, block=1000, count=100)
                 except (RedisError, OSError) as exc:
