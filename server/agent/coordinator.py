@@ -302,7 +302,9 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
                                                         str(holder.get("run_id")))
         return record is not None and record.get("status") in TERMINAL
 
-    async def _launch(self, state: RunState, peer: Peer, message: RunStart) -> None:
+    async def _launch(self, state: RunState, peer: Peer, message: RunStart) -> bool:
+        """Announce and run `state`; False when nothing could be announced (the claim is
+        freed again; `peer` was told why)."""
         registry = self.env.registry
         driver = RunDriver(state, self.env, self.log, toolbox_for(state, self.env), self._finished)
         self.active = driver
@@ -317,6 +319,7 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
                     self.active = None
                 with contextlib.suppress(BackendUnavailable):
                     await registry.release_run(self.document_id, state.run_id)
+        return accepted
 
     def _finished(self, driver: RunDriver) -> None:
         if driver.state.finished and driver.last_live_state is None:  # not one that moved on
@@ -325,7 +328,8 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
                 self.finished.popitem(last=False)
         if self.active is driver:
             self.active = None
-        self.kick()
+        if driver.state.phase != "new":  # a start that was never announced kicks nothing:
+            self.kick()  # a queued one that failed ends first (run_queue.py)
         self._on_idle()
 
     async def _record_elsewhere(self, run_id: str | None = None) -> dict[str, Any] | None:
