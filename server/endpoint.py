@@ -40,7 +40,7 @@ from protocol.codes import CloseCode, ErrorCode
 from protocol.parsing import ParseFailure, decode_frame, peek_reply_to, validate_message
 from protocol.server import Error, Pong
 from server.auth import AuthError, Principal
-from server.backends.base import BackendUnavailable
+from server.backends.base import BackendUnavailable, cancel_requested
 from server.connection import Connection
 from server.inbound import Closing, admit, too_large
 from server.limits import HandshakeGate, InvalidStreak, TokenBucket
@@ -272,7 +272,7 @@ async def _live(ws: WebSocket, services: Services, conn: Connection,
         bucket = TokenBucket(settings.rate_messages_per_s, settings.rate_messages_per_s * 2)
         streak = InvalidStreak(settings.max_invalid_messages)
         try:
-            while True:
+            while not cancel_requested():  # a cancel lost in a Redis write must still end it
                 received = await ws.receive()
                 if received["type"] == "websocket.disconnect":
                     break

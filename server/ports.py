@@ -37,7 +37,16 @@ class EventLog(Protocol):
 class ClusterLink(Protocol):
     """Messages to the instance that owns a run."""
 
-    async def forward(self, owner: str, peer: Peer, message: WireModel) -> None: ...
+    def envelope(self, peer: Peer, message: WireModel) -> dict[str, Any]: ...
+
+    async def to_run_owner(self, document_id: str, run_id: str, message: dict[str, Any],
+                           peer: Peer | None = None) -> bool:
+        """Bring `message` to whoever holds the active run `run_id` now or, after a
+        takeover, next; False (nothing sent) when that run is not active."""
+        ...
+
+    def post_to_run_owner(self, document_id: str, run_id: str, message: dict[str, Any]
+                          ) -> None: ...
 
     def post(self, instance_id: str, message: dict[str, Any]) -> None: ...
 

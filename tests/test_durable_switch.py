@@ -11,9 +11,9 @@ import pytest
 from server.agent.machine import RunMachine
 from server.agent.run_state import ModelCall, ToolOutcome
 from server.agent.steps import Begin, CallModel, Checkpoint, ClientToolResult, ModelFinished
+from tests.cluster_support import FAST_LEASE, cluster, join, start_run
 from tests.runs import call, script
 from tests.test_machine_properties import CONFIG, new_state
-from tests.test_multi_instance import FAST_LEASE, cluster, join, start_run
 
 
 def test_the_model_step_checkpoint_is_made_only_when_runs_are_durable() -> None:

@@ -1,53 +1,17 @@
 """Several cowrite instances (subprocesses) sharing one real redis-server."""
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 
-from bench.common import Proc, server_process
-from tests.harness import SECRET, Client, token, ws_client
-from tests.redis_support import RedisProcess, redis_process
+from bench.common import Proc
+from tests.cluster_support import FAST_LEASE, cluster, join, seqs, start_run
+from tests.harness import token, ws_client
+from tests.runs import call, of_run, script
 
 pytestmark = pytest.mark.redis
-
-
-@contextlib.asynccontextmanager
-async def cluster(count: int = 2, env: dict[str, str] | None = None
-                  ) -> AsyncIterator[tuple[RedisProcess, list[Proc]]]:
-    async with redis_process() as redis, contextlib.AsyncExitStack() as stack:
-        instances = [
-            await stack.enter_async_context(server_process(
-                "cowrite", COWRITE_REDIS_URL=redis.url, COWRITE_JWT_SECRET=SECRET, **(env or {})))
-            for _ in range(count)
-        ]
-        yield redis, instances
-
-
-@contextlib.asynccontextmanager
-async def join(proc: Proc, document_id: str = "doc-1", sub: str = "alice",
-               client_id: str = "tab", resume: dict[str, Any] | None = None
-               ) -> AsyncIterator[tuple[Client, dict[str, Any]]]:
-    async with ws_client(proc.url(f"/v1/documents/{document_id}/ws")) as client:
-        hello: dict[str, Any] = {"type": "hello", "protocol": 1, "client_id": client_id,
-                                 "token": token(sub)}
-        if resume:
-            hello["resume"] = resume
-        await client.send(hello)
-        welcome = await client.recv()
-        assert welcome["type"] == "welcome", welcome
-        yield client, welcome
-
-
-async def seqs(client: Client, until: int) -> list[int]:
-    got: list[int] = []
-    while not got or got[-1] < until:
-        event = await client.recv_until(lambda e: "seq" in e)
-        got.append(event["seq"])
-    return got
 
 
 async def test_fan_out_across_instances_with_identical_seq() -> None:
@@ -115,18 +79,6 @@ async def test_redis_outage_readyz_clear_errors_and_recovery() -> None:
 
 
 # -- runs owned by one instance, driven through another ------------------------------
-from tests.runs import EDITOR_TOOLS, call, of_run, script  # noqa: E402
-
-FAST_LEASE = {"COWRITE_RUN_LEASE_S": "1"}
-
-
-async def start_run(client: Client, prompt: str, run_id: str) -> None:
-    await client.send({"type": "run.start", "id": "s", "run_id": run_id, "prompt": prompt,
-                       "tools": EDITOR_TOOLS})
-    ack = await client.recv_until(lambda e: e.get("reply_to") == "s")
-    assert ack["type"] == "ack", ack
-
-
 async def test_tool_result_and_approval_answered_through_another_instance() -> None:
     steps = script({"tool_calls": [call("read_document")]},
                    {"tool_calls": [call("replace_document", text="new")]}, {"say": "done"})

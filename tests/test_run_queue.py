@@ -2,11 +2,13 @@
 (order, welcome, cancel, bound), interrupt, the default, and a queue shared by two
 instances through a real redis-server."""
 
+import asyncio
 import contextlib
 from typing import Any
 
 import pytest
 
+from server.backends.base import BackendUnavailable, LoggedEvent
 from tests.harness import Client, Server, joined, running_server
 from tests.redis_support import redis_process
 from tests.runs import answer, call, of_run, script, start
@@ -102,6 +104,47 @@ async def test_interrupt_ends_the_other_run_and_can_be_switched_off() -> None:
         await bob.send({"type": "run.start", "id": "i", "prompt": "p",
                         "options": {"if_busy": "interrupt"}})
         assert (await bob.recv_until(lambda e: e.get("reply_to") == "i"))["code"] == "forbidden"
+
+
+async def test_a_queued_run_that_cannot_start_still_ends(server: Server) -> None:
+    """The backend is down just when a queued run's turn comes: its start cannot be
+    logged, so it ends `failed`/`unavailable` once the backend is back (README,
+    Decisions), and the run queued after it starts then."""
+    backend = server.services.backend
+    append = backend.append
+    outage: list[float] = []  # when the outage began (it lasts half a second)
+
+    async def flaky_append(document_id: str, event: dict[str, Any]) -> LoggedEvent:
+        loop = asyncio.get_running_loop()
+        if not outage and event["type"] == "run.started" and event["run_id"] == "b-8":
+            outage.append(loop.time())
+        if outage and loop.time() - outage[0] < 0.5:
+            raise BackendUnavailable("redis: connection refused")
+        return await append(document_id, event)
+
+    async with joined(server) as (alice, _), joined(server, sub="bob", client_id="b") as (bob, _), \
+            joined(server, sub="carol", client_id="c") as (carol, _):
+        await start(alice, WAITS, run_id="a-8")
+        tool_call = await alice.recv_until("tool.call")
+        await enqueue(bob, script({"say": "never"}), "b-8")
+        await enqueue(carol, script({"say": "carol"}), "c-8")
+        backend.append = flaky_append  # type: ignore[method-assign]
+        await answer(alice, tool_call, {"text": "doc"})
+        assert (await alice.recv_until(finished("a-8")))["status"] == "completed"
+        unstarted = await bob.recv_until(finished("b-8"), timeout=10)
+        assert (unstarted["status"], unstarted["reason"], unstarted["steps"]) == (
+            "failed", "unavailable", 0)
+        assert unstarted["error"]["code"] == "unavailable" and outage
+        assert (await carol.recv_until(finished("c-8"), timeout=10))["status"] == "completed"
+        assert not of_run(bob.events, "b-8", "run.started")
+        assert len(of_run(bob.events, "b-8", "run.finished")) == 1
+        started = await bob.recv_until(lambda e: e.get("type") == "run.started"
+                                       and e.get("run_id") == "c-8")
+        assert started["seq"] > unstarted["seq"]
+        await bob.send({"type": "run.start", "id": "again", "run_id": "b-8", "prompt": "p",
+                        "options": {"if_busy": "enqueue"}})
+        retry = await bob.recv_until(lambda e: e.get("reply_to") == "again")
+        assert (retry["status"], retry["duplicate"]) == ("failed", True)
 
 
 @pytest.mark.redis

@@ -65,3 +65,31 @@ async def no_hints(text):  # type: ignore[no-untyped-def]
 async def unschemable(sock: socket.socket) -> str:
     """A parameter type with no JSON Schema: refused."""
     return "never"
+
+
+def _note_start(marker: str) -> int:
+    """Append "start" to the file `marker`; how many starts it holds now."""
+    with open(marker, "a") as f:
+        f.write("start\n")
+    with open(marker) as f:
+        return f.read().split().count("start")
+
+
+def _note_end(marker: str) -> None:
+    with open(marker, "a") as f:
+        f.write("end\n")
+
+
+async def wait_once(marker: str) -> str:
+    """Notes each start in the file `marker`; the first call waits a minute (time to
+    kill its server mid-call), a later one returns at once. Not idempotent."""
+    starts = _note_start(marker)
+    if starts == 1:
+        await asyncio.sleep(60)
+    _note_end(marker)
+    return f"done after {starts} starts"
+
+
+async def wait_again(marker: str) -> str:
+    """As `wait_once`; the tests' config declares this one idempotent."""
+    return await wait_once(marker)

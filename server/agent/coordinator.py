@@ -16,8 +16,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import replace
-from typing import Any, Literal
+from typing import Any
 
 from protocol.client import (
     Approval,
@@ -30,7 +29,6 @@ from protocol.client import (
 from protocol.codes import ErrorCode
 from protocol.server import FinishedStatus, RunSnapshot
 from server.agent.admission import first_state, refusal, toolbox_for
-from server.agent.checkpoint import from_checkpoint, to_checkpoint
 from server.agent.driver import RunDriver
 from server.agent.environment import RunEnvironment
 from server.agent.run_queue import RunQueueMixin
@@ -43,10 +41,9 @@ from server.agent.steps import (
     End,
     ExecutorPresence,
     Input,
-    LeaseLost,
     Reply,
-    Resume,
 )
+from server.agent.takeover import TakeoverMixin
 from server.agent.work import now_ms
 from server.backends.base import BackendUnavailable
 from server.connection import Peer
@@ -58,7 +55,7 @@ SUPERSEDE_WAIT_S = 3.0
 RELEASE_WAIT_S = 1.0
 
 
-class RunCoordinator(RunQueueMixin):
+class RunCoordinator(RunQueueMixin, TakeoverMixin):
     def __init__(self, document_id: str, log: EventLog, local: LocalPresence,
                  env: RunEnvironment, on_idle: Callable[[], None] = lambda: None) -> None:
         self.document_id = document_id
@@ -111,10 +108,11 @@ class RunCoordinator(RunQueueMixin):
             return
         if message.origin != "user":
             return
-        record = await self._remote_record()
+        record = await self._record_elsewhere()
         if record is not None:
-            self.env.cluster.post(record["owner"], {
-                "kind": "edit", "document_id": self.document_id, "run_id": record["run_id"],
+            run_id = str(record["run_id"])
+            self.env.cluster.post_to_run_owner(self.document_id, run_id, {
+                "kind": "edit", "document_id": self.document_id, "run_id": run_id,
                 "user_id": peer.user_id, "message": message.to_wire()})
 
     async def abort(self, run_id: str, status: FinishedStatus, reason: str) -> None:
@@ -122,55 +120,6 @@ class RunCoordinator(RunQueueMixin):
         driver = self.active
         if driver is not None and driver.run_id == run_id:
             await driver.submit(End(status, reason))
-
-    async def adopt(self, record: dict[str, Any], reason: Literal["owner_lost", "handoff"]
-                    ) -> bool:
-        """Take over the run of `record` (its owner is gone; this instance holds its lease
-        now) from its checkpoint; False when there is none to go on from."""
-        checkpoint = record.get("checkpoint")
-        if not isinstance(checkpoint, dict) or self.active is not None:
-            return False
-        state = replace(from_checkpoint(checkpoint),
-                        executor_present=self.local.has_client(str(record.get("user_id")),
-                                                               str(record.get("client_id"))))
-        text_sent = state.phase == "model" and await self._streamed(state)
-        spec = None if state.current is None or self.env.tools is None else next(
-            (t for t in self.env.tools.specs() if t.name == state.current.name), None)
-        driver = RunDriver(state, self.env, self.log, toolbox_for(state, self.env),
-                           self._finished)
-        self.active = driver
-        logger.warning("taking over run %s (%s)", state.run_id, reason,
-                       extra={"document_id": self.document_id, "run_id": state.run_id})
-        return await driver.start(None, None, Resume(reason, now_ms(), text_sent,
-                                                     spec is not None and spec.idempotent))
-
-    async def _streamed(self, state: RunState) -> bool:
-        """Whether the message of the interrupted model call reached the log."""
-        head = await self.env.registry.head(self.document_id)
-        tail = await self.env.registry.read_after(self.document_id, head.epoch,
-                                                  max(0, head.last_seq - 2000))
-        return isinstance(tail, list) and any(
-            event.type == "message.delta" and f'"message_id":"{state.message_id}"' in event.frame
-            for event in tail)
-
-    async def hand_over(self) -> None:
-        """Draining with another instance alive: stop the run here without ending it, leave
-        its final checkpoint, and let its lease lapse at once so a survivor takes it over
-        (`run.resumed` `handoff`)."""
-        driver = self.active
-        if driver is None:
-            return
-        await driver.submit(LeaseLost())
-        await driver.done.wait()
-        state = driver.last_live_state
-        if state is None or state.finished:
-            return
-        record = {**state.to_record(self.env.instance_id), "checkpoint": to_checkpoint(state),
-                  "handoff": True}
-        with contextlib.suppress(BackendUnavailable):
-            await self.env.registry.renew_run(self.document_id, record,
-                                              self.env.settings.run_lease_s)
-            await self.env.registry.expire_run_lease(self.document_id)
 
     async def shutdown(self) -> None:
         driver = self.active
@@ -200,11 +149,10 @@ class RunCoordinator(RunQueueMixin):
             return
         if isinstance(message, RunCancel) and await self._cancel_queued(peer, message):
             return
-        if not forwarded:
-            record = await self._remote_record(message.run_id)
-            if record is not None:  # the run lives on another instance
-                await self.env.cluster.forward(record["owner"], peer, message)
-                return
+        if self.env.registry.remote and await self.env.cluster.to_run_owner(
+                self.document_id, message.run_id, self.env.cluster.envelope(peer, message),
+                peer):
+            return  # the run lives on (or is moving to) another instance
         if await self.env.registry.get_run_record(self.document_id, message.run_id):
             peer.error(ErrorCode.RUN_NOT_ACTIVE, f"run {message.run_id!r} has finished",
                        reply_to=message.id, run_id=message.run_id)
@@ -353,7 +301,9 @@ class RunCoordinator(RunQueueMixin):
                                                         str(holder.get("run_id")))
         return record is not None and record.get("status") in TERMINAL
 
-    async def _launch(self, state: RunState, peer: Peer, message: RunStart) -> None:
+    async def _launch(self, state: RunState, peer: Peer, message: RunStart) -> bool:
+        """Announce and run `state`; False when nothing could be announced (the claim is
+        freed again; `peer` was told why)."""
         registry = self.env.registry
         driver = RunDriver(state, self.env, self.log, toolbox_for(state, self.env), self._finished)
         self.active = driver
@@ -368,6 +318,7 @@ class RunCoordinator(RunQueueMixin):
                     self.active = None
                 with contextlib.suppress(BackendUnavailable):
                     await registry.release_run(self.document_id, state.run_id)
+        return accepted
 
     def _finished(self, driver: RunDriver) -> None:
         if driver.state.finished and driver.last_live_state is None:  # not one that moved on
@@ -376,8 +327,24 @@ class RunCoordinator(RunQueueMixin):
                 self.finished.popitem(last=False)
         if self.active is driver:
             self.active = None
-        self.kick()
+        if driver.state.phase != "new":  # a start that was never announced kicks nothing:
+            self.kick()  # a queued one that failed ends first (run_queue.py)
         self._on_idle()
+
+    async def _record_elsewhere(self, run_id: str | None = None) -> dict[str, Any] | None:
+        """The document's active run (`run_id`, if given) when this instance is not
+        running it: another instance owns it, or it is moving to one."""
+        try:
+            record = await self.env.registry.active_run(self.document_id)
+        except BackendUnavailable:
+            return None
+        if record is None or (run_id is not None and record.get("run_id") != run_id):
+            return None
+        driver = self.active
+        if driver is not None and driver.run_id == record.get("run_id") and \
+                not driver.done.is_set():
+            return None
+        return record
 
     async def _remote_record(self, run_id: str | None = None) -> dict[str, Any] | None:
         """The document's active run if another instance owns it."""

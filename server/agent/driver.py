@@ -375,8 +375,8 @@ class RunDriver:
         self._released = True
 
     async def _renew(self) -> None:
-        await self.lease.keep(lambda: self.state)
-        self.feed(LeaseLost())
+        if await self.lease.keep(lambda: self.state):
+            self.feed(LeaseLost())
 
     # -- children: the model and server tools --------------------------------------
     async def _model_call(self, state: RunState) -> None:

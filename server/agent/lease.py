@@ -15,7 +15,7 @@ from collections.abc import Callable
 from server.agent.checkpoint import to_checkpoint
 from server.agent.environment import RunEnvironment
 from server.agent.run_state import RunState
-from server.backends.base import BackendUnavailable
+from server.backends.base import BackendUnavailable, cancel_requested
 
 logger = logging.getLogger("cowrite.agent")
 RELEASE_RETRY_S = 0.1
@@ -46,14 +46,19 @@ class RunLease:
                            extra={"run_id": state.run_id})  # refused when it is logged)
             return True
 
-    async def keep(self, current: Callable[[], RunState]) -> None:
-        """Renew every third of the lease until it is lost (then return)."""
+    async def keep(self, current: Callable[[], RunState]) -> bool:
+        """Renew every third of the lease; True once it is lost, False when the run
+        ended or moved on here (checked too, not only the cancel, which a library can
+        swallow: see `cancel_requested`; renewing on would hold the run forever)."""
         while True:
             await asyncio.sleep(self.env.settings.run_lease_s / 3)
-            if not await self.checkpoint(current()):
-                logger.warning("run lost its lease; another instance ended it",
-                               extra={"run_id": current().run_id})
-                return
+            state = current()
+            if state.finished or cancel_requested():
+                return False
+            if not await self.checkpoint(state):
+                logger.warning("run lost its lease; another instance holds it now",
+                               extra={"run_id": state.run_id})
+                return True
 
     async def release(self, state: RunState) -> None:
         """Write the final record, then free the document, retrying a backend outage for

@@ -5,10 +5,17 @@ message about that run arriving elsewhere is forwarded to the owner's inbox
 (a Redis stream: durable, ordered), handled there as if its sender were
 local (`RemotePeer`), and the owner's `ack`/`error` travel back through the
 sender's instance inbox. Every instance also runs a janitor: a run whose
-lease lapsed (its owner died) is taken by exactly one survivor, which ends
-it through the same run machine as any other ending (`End` aborted /
-`server_lost`), so the pending call gets its `tool.done` and the run its one
-`run.finished`.
+lease lapsed (its owner died, or handed it over while draining) is taken by
+exactly one survivor, which continues it from its checkpoint (section 13) or,
+when it has none or is older than the run timeout, ends it through the same
+run machine as any other ending (`End` aborted / `server_lost`), so the
+pending call gets its `tool.done` and the run its one `run.finished`.
+
+No message about a run is lost to a takeover: it is sent to the instance that
+holds the run's lease at that instant (one atomic step), an instance that let
+the run go waits for the next holder before passing it on, and the next owner
+acts on what the previous one left unread in its inbox (each message is
+claimed once, by whoever acts on it). A draining instance takes over nothing.
 """
 
 import asyncio
@@ -26,12 +33,15 @@ from server.agent.machine import RunMachine
 from server.agent.run_state import orphan_state
 from server.agent.steps import End, Publish, Release
 from server.agent.work import now_ms
-from server.backends.base import Backend, BackendUnavailable
+from server.backends.base import Backend, BackendUnavailable, cancel_requested
 from server.connection import Peer, error_event
 from server.observability import Metrics
 from server.session import SessionHub
 
 logger = logging.getLogger("cowrite.remote")
+TAKEOVER_SLACK_S = 2.0  # a lapsed lease is taken over within a janitor tick of lapsing
+TAKEOVER_POLL_S = 0.05
+STOP_WAIT_S = 2.0
 
 
 @dataclass(eq=False)
@@ -77,8 +87,10 @@ class RunRouter:
         self.lease_s = lease_s
         self.run_timeout_s = run_timeout_s
         self.durable = durable  # False (COWRITE_DURABLE_RUNS=0): lost runs end server_lost
+        self.draining = False
         self._tasks: list[asyncio.Task[None]] = []
         self._posts: set[asyncio.Task[None]] = set()
+        self._deliveries: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         with contextlib.suppress(BackendUnavailable):  # alive before the first janitor tick
@@ -86,25 +98,94 @@ class RunRouter:
         self._tasks = [asyncio.create_task(self._inbox_loop()),
                        asyncio.create_task(self._janitor_loop())]
 
-    async def others_alive(self) -> bool:
-        """Whether another instance could take this one's runs over (a handoff)."""
+    async def begin_drain(self) -> bool:
+        """Stop taking runs over and leave the live set (so no other draining instance
+        hands its runs to this one); whether another instance lives to take this
+        one's runs (a handoff)."""
+        self.draining = True
         try:
+            await self.backend.leave(self.me)
             return any(other != self.me for other in await self.backend.live_instances())
         except BackendUnavailable:
             return False
 
     async def stop(self) -> None:
+        if self._deliveries:  # messages waiting for the next owner of a handed-over run
+            await asyncio.wait(set(self._deliveries), timeout=self.lease_s + TAKEOVER_SLACK_S)
         with contextlib.suppress(BackendUnavailable):
             await self.backend.leave(self.me)
-        for task in self._tasks + list(self._posts):
+        pending = self._tasks + list(self._posts) + list(self._deliveries)
+        for task in pending:
             task.cancel()
-        await asyncio.gather(*self._tasks, *self._posts, return_exceptions=True)
+        # Bounded, whatever a library does with the cancel (see `cancel_requested`):
+        # a shutdown must not hang on these tasks.
+        _, stuck = await asyncio.wait(pending, timeout=STOP_WAIT_S) if pending else ((), ())
+        if stuck:
+            logger.warning("%d cluster task(s) did not stop; leaving them", len(stuck))
 
-    async def forward(self, owner: str, peer: Peer, message: WireModel) -> None:
-        await self.backend.send(owner, {
-            "kind": "message", "document_id": peer.document_id, "origin": self.me,
-            "connection": peer.session_id, "user_id": peer.user_id,
-            "client_id": peer.client_id, "message": message.to_wire()})
+    def envelope(self, peer: Peer, message: WireModel) -> dict[str, Any]:
+        """A client's message as it travels to a run's owner (whose answer goes back to
+        the instance the client is connected to)."""
+        return {"kind": "message", "document_id": peer.document_id,
+                "origin": peer.origin if isinstance(peer, RemotePeer) else self.me,
+                "connection": peer.session_id, "user_id": peer.user_id,
+                "client_id": peer.client_id, "message": message.to_wire()}
+
+    async def to_run_owner(self, document_id: str, run_id: str, message: dict[str, Any],
+                           peer: Peer | None = None) -> bool:
+        """Bring `message` to the instance that holds the lease of the active run
+        `run_id` (this one does not run it): at once, or, while the run changes hands
+        (a handoff, or this instance let it go), once the next holder has it, in the
+        background. False, with nothing sent, when the run is not active."""
+        sent = await self.backend.send_to_run_owner(document_id, run_id, message,
+                                                    not_to=self.me)
+        if sent is None:
+            return False
+        if not sent:
+            task = asyncio.get_running_loop().create_task(
+                self._after_takeover(document_id, run_id, message, peer))
+            self._deliveries.add(task)
+            task.add_done_callback(self._deliveries.discard)
+        return True
+
+    async def _after_takeover(self, document_id: str, run_id: str, message: dict[str, Any],
+                              peer: Peer | None) -> None:
+        """Send `message` once another instance holds the run, or this one runs it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.lease_s + TAKEOVER_SLACK_S
+        reply_to = (message.get("message") or {}).get("id")
+        while loop.time() < deadline:
+            await asyncio.sleep(TAKEOVER_POLL_S)
+            session = self.hub.sessions.get(document_id)
+            here = session is not None and session.runs.busy  # a takeover by this instance
+            try:
+                sent = await self.backend.send_to_run_owner(document_id, run_id, message,
+                                                            not_to="" if here else self.me)
+            except BackendUnavailable:
+                continue
+            if sent is None:
+                if peer is not None:
+                    peer.error(ErrorCode.RUN_NOT_ACTIVE, f"run {run_id!r} has finished",
+                               reply_to=reply_to, run_id=run_id)
+                return
+            if sent:
+                return
+        if peer is not None:
+            peer.error(ErrorCode.UNAVAILABLE, "the run is moving to another instance; "
+                       "retry shortly", reply_to=reply_to, run_id=run_id, retry_after_ms=1000)
+
+    def post_to_run_owner(self, document_id: str, run_id: str, message: dict[str, Any]
+                          ) -> None:
+        """`to_run_owner` without waiting (an edit: nobody to answer)."""
+        task = asyncio.get_running_loop().create_task(self._to_run_owner_quietly(
+            document_id, run_id, message))
+        self._posts.add(task)
+        task.add_done_callback(self._posts.discard)
+
+    async def _to_run_owner_quietly(self, document_id: str, run_id: str,
+                                    message: dict[str, Any]) -> None:
+        with contextlib.suppress(BackendUnavailable):
+            await self.to_run_owner(document_id, run_id, message)
 
     def post(self, instance_id: str, message: dict[str, Any]) -> None:
         """Send without waiting (replies are ephemeral; a lost one is retried by the client)."""
@@ -117,11 +198,30 @@ class RunRouter:
             await self.backend.send(instance_id, message)
 
     async def _inbox_loop(self) -> None:
-        async for message in self.backend.inbox(self.me):
+        async for entry_id, message in self.backend.inbox(self.me):
             try:
-                await self._dispatch(message)
+                if message.get("kind") == "reply" or await self._claim(self.me, entry_id):
+                    await self._dispatch(message)
             except Exception:
                 logger.exception("inbox message failed: %s", message.get("kind"))
+
+    async def _claim(self, instance_id: str, entry_id: str) -> bool:
+        """Whether this instance acts on the entry (it was not taken by another)."""
+        try:
+            return await self.backend.take_message(instance_id, entry_id)
+        except BackendUnavailable:
+            return instance_id == self.me  # one's own inbox: act rather than lose it
+
+    async def _replay(self, owner: str, document_id: str, run_id: str) -> None:
+        """Act on the messages about `run_id` that its previous owner left unread."""
+        if owner == self.me:
+            return
+        with contextlib.suppress(BackendUnavailable):
+            for entry_id, message in await self.backend.unread_messages(owner):
+                about = message.get("run_id") or (message.get("message") or {}).get("run_id")
+                if message.get("kind") != "reply" and message.get("document_id") == \
+                        document_id and about == run_id and await self._claim(owner, entry_id):
+                    await self._dispatch(message)
 
     async def _dispatch(self, message: dict[str, Any]) -> None:
         kind, document_id = message.get("kind"), str(message.get("document_id", ""))
@@ -154,13 +254,18 @@ class RunRouter:
 
     async def _janitor_loop(self) -> None:
         interval = max(0.05, self.lease_s / 4)
-        while True:
+        while not cancel_requested():
             await asyncio.sleep(interval)
+            if self.draining:  # its runs go to others; it takes none of theirs
+                continue
             try:
                 await self.backend.heartbeat(self.me, self.lease_s * 2)
-                for document_id, record in await self.backend.expired_runs(self.lease_s):
+                for document_id, record in await self.backend.expired_runs(self.me,
+                                                                           self.lease_s):
                     if not await self._take_over(document_id, record):
                         await self._end_orphan(document_id, record)
+                    await self._replay(str(record.get("owner")), document_id,
+                                       str(record.get("run_id")))
             except BackendUnavailable:
                 continue
             except Exception:

@@ -8,47 +8,64 @@ events reach the starter wherever it is connected; decided: no hand-over to
 the starter's own instance). `if_busy: interrupt` ends the other client's run
 `cancelled`/`interrupted` and starts this one. `run.cancel` of a queued run
 ends it with `run.finished` `cancelled`/`user_cancelled`, `steps: 0`.
+
+A queued run whose start cannot be announced when its turn comes (the backend
+is unavailable, or its `run.started` cannot be logged) is out of the queue and
+never started: it ends `failed` with that error's code as `reason` (mostly
+`unavailable`), `steps: 0`, logged as soon as the backend takes it, and only
+then does the next queued run get its turn. While the queue cannot be read the
+instance looks again every second, so queued runs start once the backend is
+back even if nothing else happens on the document (decided in README).
 """
 
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from protocol.base import WireModel
 from protocol.client import RunCancel, RunStart
 from protocol.codes import ErrorCode
-from protocol.server import RunFinished, RunQueued, RunSnapshot
+from protocol.server import Error, RunError, RunFinished, RunQueued, RunSnapshot
 from server.agent.environment import RunEnvironment
 from server.agent.run_state import RunState
-from server.backends.base import BackendUnavailable
+from server.backends.base import BackendUnavailable, UnloggableEvent
 from server.connection import Peer
 from server.ports import EventLog
 
 logger = logging.getLogger("cowrite.agent")
+QUEUE_RETRY_S = 1.0  # a queue that could not be read is read again after this
+UNSTARTED_RETRY_S = 300.0  # how long the end of a run that could not start is retried
+UNSTARTED = "the queued run could not be started: the shared backend was unavailable; " \
+    "start it again"
 
 
 @dataclass(eq=False)
 class QueuedPeer:
     """The starter of a queued run when it starts: its identity; its replies (the ack
-    of `run.start` was already sent as `queued`) go nowhere."""
+    of `run.start` was already sent as `queued`) go nowhere, but a refusal of the
+    start is kept: it becomes the run's `run.finished` error."""
 
     document_id: str
     queued_user: str
     client_id: str
     session_id: str = ""
+    refusal: RunError | None = None
 
     @property
     def user_id(self) -> str:
         return self.queued_user
 
     def reply(self, message: WireModel) -> None:
-        return None
+        if isinstance(message, Error):
+            self.refusal = RunError(code=message.code, message=message.message)
 
     def error(self, code: ErrorCode, message: str, **fields: Any) -> None:
-        return None
+        self.refusal = RunError(code=code, message=message)
 
     def ack(self, reply_to: str | None, **fields: Any) -> None:
         return None
@@ -70,7 +87,7 @@ class RunQueueMixin:
     async def _new_state(self, peer: Peer, message: RunStart) -> RunState:
         raise NotImplementedError
 
-    async def _launch(self, state: RunState, peer: Peer, message: RunStart) -> None:
+    async def _launch(self, state: RunState, peer: Peer, message: RunStart) -> bool:
         raise NotImplementedError
 
     async def _enqueue(self, peer: Peer, message: RunStart) -> None:
@@ -95,9 +112,7 @@ class RunQueueMixin:
 
     def kick(self) -> None:
         """Start the next queued run soon, if the document is free."""
-        task = asyncio.get_running_loop().create_task(self.start_queued())
-        self._kicks.add(task)
-        task.add_done_callback(self._kicks.discard)
+        self._track(self.start_queued())
 
     async def start_queued(self) -> None:
         registry, lease = self.env.registry, self.env.settings.run_lease_s
@@ -123,8 +138,53 @@ class RunQueueMixin:
             except BackendUnavailable:
                 logger.warning("the run queue could not be read: backend unavailable",
                                extra={"document_id": self.document_id})
+                self._kick_later(QUEUE_RETRY_S)
                 return
-            await self._launch(state, peer, message)
+            try:
+                started = await self._launch(state, peer, message)
+            except BackendUnavailable:
+                started, peer.refusal = False, None
+            if not started:  # out of the queue, never announced: it must still end
+                self._track(self._end_unstarted(entry, peer.refusal or RunError(
+                    code=ErrorCode.UNAVAILABLE, message=UNSTARTED)))
+
+    def _kick_later(self, delay_s: float) -> None:
+        if not self.env.draining:
+            asyncio.get_running_loop().call_later(delay_s, self.kick)
+
+    def _track(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._kicks.add(task)
+        task.add_done_callback(self._kicks.discard)
+
+    async def _end_unstarted(self, entry: dict[str, Any], error: RunError) -> None:
+        """`run.finished` `failed` for a queued run whose start could not be announced,
+        logged once the backend takes it; then the next queued run's turn."""
+        run_id = str(entry["run_id"])
+        if error.code == ErrorCode.UNAVAILABLE:
+            error = RunError(code=error.code, message=UNSTARTED)
+        ended = RunFinished(run_id=run_id, status="failed", reason=error.code, error=error,
+                            steps=0)
+        delay, deadline = QUEUE_RETRY_S / 8, time.monotonic() + UNSTARTED_RETRY_S
+        while True:
+            try:
+                await self.log.publish_many([ended])
+                await self.env.registry.put_run_record(self.document_id, run_id, {
+                    "status": "failed", "user_id": entry["user_id"],
+                    "client_id": entry["client_id"]})
+                break
+            except BackendUnavailable:
+                if time.monotonic() > deadline:
+                    logger.error("queued run %s could not be started nor ended: backend "
+                                 "unavailable", run_id, extra={"document_id": self.document_id})
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, QUEUE_RETRY_S * 4)
+            except UnloggableEvent:  # cannot happen for these fields; never loop on it
+                logger.exception("queued run %s could not be ended", run_id)
+                return
+        self.env.metrics.runs.labels("failed").inc()
+        self.kick()
 
     async def _cancel_queued(self, peer: Peer, message: RunCancel) -> bool:
         """True when `message` was about a queued run (and is answered)."""

@@ -7,6 +7,7 @@ event in the document log and hands it to every local listener of that
 document, in seq order.
 """
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol
@@ -43,6 +44,18 @@ class UnloggableEvent(ValueError):
     so the log keeps no trace and no gap; the caller answers the client that
     caused it (`invalid_message` / `internal`), never closing anyone's connection.
     The message is for the server log only: it may quote the encoder."""
+
+
+def cancel_requested() -> bool:
+    """Whether the running task was asked to stop, even if the request got lost.
+
+    On Python 3.11 `asyncio.wait_for` (which redis-py wraps around every socket
+    write) returns the result instead of raising when the cancel arrives as the
+    write completes: the task goes on with `cancelling()` still above 0. A loop
+    that must end when cancelled checks this, or it may run (and block a
+    shutdown waiting for it) forever."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def encode_event_body(event: dict[str, Any]) -> bytes:
@@ -97,7 +110,14 @@ class RunRegistry(Protocol):
         ...
 
     async def renew_run(self, document_id: str, record: dict[str, Any], lease_s: float) -> bool:
-        """Refresh the lease and snapshot of the owner's run; False if it is not active."""
+        """Refresh the lease and snapshot of the owner's run (`record["owner"]`); False if
+        it is not active or another instance holds its lease now."""
+        ...
+
+    async def hand_off_run(self, document_id: str, record: dict[str, Any]) -> bool:
+        """A draining owner's last word on its run: `record` (its final checkpoint) in one
+        step with giving the lease up, lapsed at once, so the next janitor takes the run
+        over and no late renewal of this owner can overwrite it; False if not its own."""
         ...
 
     async def release_run(self, document_id: str, run_id: str) -> None: ...
@@ -119,8 +139,6 @@ class RunRegistry(Protocol):
     async def live_instances(self) -> list[str]:
         """The instances whose heartbeat has not run out (this one included)."""
         ...
-
-    async def expire_run_lease(self, document_id: str) -> None: ...
 
     async def remove_queued(self, document_id: str, run_id: str) -> dict[str, Any] | None:
         """Take the queued run `run_id` out of the queue (None if it is not there)."""
@@ -162,16 +180,37 @@ class Backend(RunRegistry, Protocol):
 
     async def release_connection(self, user_id: str, connection_id: str) -> None: ...
 
-    async def expired_runs(self, lease_s: float = 10.0) -> list[tuple[str, dict[str, Any]]]:
+    async def expired_runs(self, claimer: str, lease_s: float = 10.0
+                           ) -> list[tuple[str, dict[str, Any]]]:
         """Active runs whose owner stopped renewing, each handed to one caller only,
-        which holds their lease for `lease_s` from now (to take them over or end them)."""
+        `claimer`, which holds their lease for `lease_s` from now (to take them over or
+        end them); each record still names the owner that lost it."""
         ...
 
     async def send(self, instance_id: str, message: dict[str, Any]) -> None:
         """Durably queue `message` for an instance (its inbox)."""
         ...
 
-    def inbox(self, instance_id: str) -> AsyncIterator[dict[str, Any]]: ...
+    async def send_to_run_owner(self, document_id: str, run_id: str, message: dict[str, Any],
+                                not_to: str = "") -> str | None:
+        """Queue `message` for whoever holds the lease of the document's active run
+        `run_id`, read in the same atomic step as the send (a takeover falls wholly
+        before or after it): that holder's id; "" with nothing sent while nobody but
+        `not_to` holds it (a handoff under way); None when `run_id` is not active."""
+        ...
+
+    def inbox(self, instance_id: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """The instance's messages in order, each with its entry id."""
+        ...
+
+    async def take_message(self, instance_id: str, entry_id: str) -> bool:
+        """Claim an inbox entry before acting on it: True for one caller only (the
+        instance itself, or the next owner of a run whose owner left it unread)."""
+        ...
+
+    async def unread_messages(self, instance_id: str) -> list[tuple[str, dict[str, Any]]]:
+        """The entries still in an instance's inbox (sent, not yet claimed)."""
+        ...
 
     async def set_presence(self, document_id: str, member: str, present: bool) -> None:
         """`member` is "user|client|connection"; presence outlives no instance."""

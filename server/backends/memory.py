@@ -29,7 +29,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict, defaultdict, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from itertools import islice
 from operator import itemgetter
 from typing import Any
@@ -41,6 +41,7 @@ from server.backends.base import (
     ResumeFailure,
     encode_event_body,
 )
+from server.backends.memory_instances import MemoryInstances
 
 logger = logging.getLogger("cowrite.memory")
 HISTORY_MAX_ENTRIES = 2000
@@ -88,12 +89,13 @@ def _malloc_trim() -> Callable[[], None]:
     return run
 
 
-class MemoryBackend:
+class MemoryBackend(MemoryInstances):
     remote = False
 
     def __init__(self, log_max_events: int = 10_000, *, idle_s: float = 3600.0,
                  max_documents: int = 10_000,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
         self._log_max_events = log_max_events
         self._idle_s = idle_s
         self._max_documents = max_documents
@@ -113,7 +115,6 @@ class MemoryBackend:
         self._active: dict[str, dict[str, Any]] = {}
         self._queues: dict[str, list[dict[str, Any]]] = {}
         self._presence: dict[str, set[str]] = defaultdict(set)
-        self._inboxes: dict[str, asyncio.Queue[dict[str, Any]]] = defaultdict(asyncio.Queue)
 
     async def start(self) -> None:
         if self._idle_s > 0 and self._sweeper is None:
@@ -356,30 +357,6 @@ class MemoryBackend:
 
     async def active_run(self, document_id: str) -> dict[str, Any] | None:
         return self._active.get(document_id)
-
-    # One process: no other instance to hand runs over to.
-    async def heartbeat(self, instance_id: str, ttl_s: float) -> None:
-        return None
-
-    async def leave(self, instance_id: str) -> None:
-        return None
-
-    async def live_instances(self) -> list[str]:
-        return []
-
-    async def expire_run_lease(self, document_id: str) -> None:
-        return None
-
-    async def expired_runs(self, lease_s: float = 10.0) -> list[tuple[str, dict[str, Any]]]:
-        return []
-
-    async def send(self, instance_id: str, message: dict[str, Any]) -> None:
-        self._inboxes[instance_id].put_nowait(message)
-
-    async def inbox(self, instance_id: str) -> AsyncIterator[dict[str, Any]]:
-        queue = self._inboxes[instance_id]
-        while True:
-            yield await queue.get()
 
     async def set_presence(self, document_id: str, member: str, present: bool) -> None:
         if present:

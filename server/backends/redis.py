@@ -36,6 +36,7 @@ from server.backends.base import (
     LoggedEvent,
     LogHead,
     ResumeFailure,
+    cancel_requested,
     encode_event_body,
 )
 from server.backends.redis_instances import RedisInstances
@@ -45,6 +46,7 @@ from server.backends.redis_scripts import (
     CLAIM_RUN_LUA,
     CONNECTION_LUA,
     EXPIRED_RUNS_LUA,
+    HAND_OFF_RUN_LUA,
     HEAD_LUA,
     PRESENT_LUA,
     RELEASE_RUN_LUA,
@@ -62,12 +64,15 @@ RENEW_EVERY_S = 30.0
 READ_CHUNK = 1000
 
 LEASES_KEY = "cw:leases"
-INBOX_MAXLEN = 10_000
-INBOX_TTL_S = 3600
 
 
 def _keys(document_id: str) -> tuple[str, str]:
     return f"cw:{{{document_id}}}:meta", f"cw:{{{document_id}}}:log"
+
+
+def _run_keys(document_id: str) -> list[str]:
+    """The active run's record, the lease set and the lease holder (see redis_scripts)."""
+    return [f"cw:{{{document_id}}}:active", LEASES_KEY, f"cw:{{{document_id}}}:owner"]
 
 
 def _channel(document_id: str) -> str:
@@ -95,6 +100,7 @@ class RedisBackend(RedisRunQueue, RedisInstances):
         self._claim_run = self._redis.register_script(CLAIM_RUN_LUA)
         self._renew_run = self._redis.register_script(RENEW_RUN_LUA)
         self._release_run = self._redis.register_script(RELEASE_RUN_LUA)
+        self._hand_off_run = self._redis.register_script(HAND_OFF_RUN_LUA)
         self._expired_runs = self._redis.register_script(EXPIRED_RUNS_LUA)
         self._present = self._redis.register_script(PRESENT_LUA)
         self._presence: dict[str, str] = {}  # member -> document id
@@ -213,7 +219,7 @@ class RedisBackend(RedisRunQueue, RedisInstances):
     async def _pubsub_loop(self) -> None:
         """Receive live frames; after any reconnect, re-read what was missed."""
         delay = 0.1
-        while True:
+        while not cancel_requested():
             try:
                 async with self._subscribe_lock:
                     self._pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
@@ -243,7 +249,7 @@ class RedisBackend(RedisRunQueue, RedisInstances):
             delay = min(delay * 2, 2.0)
 
     async def _messages(self) -> AsyncIterator[dict[str, Any]]:
-        while True:
+        while not cancel_requested():
             message = await self._pubsub.get_message(timeout=1.0)
             if message is not None and message.get("type") == "message":
                 yield message
@@ -300,7 +306,7 @@ class RedisBackend(RedisRunQueue, RedisInstances):
 
     async def _renew_loop(self) -> None:
         """Keep this instance's connection slots alive; a dead instance's expire."""
-        while True:
+        while not cancel_requested():
             await asyncio.sleep(RENEW_EVERY_S)
             expires = _now_ms() + int(CONNECTION_TTL_S * 1000)
             with contextlib.suppress(RedisError, OSError):
@@ -323,58 +329,39 @@ class RedisBackend(RedisRunQueue, RedisInstances):
     async def claim_run(self, document_id: str, record: dict[str, Any], lease_s: float
                         ) -> dict[str, Any] | None:
         active = await self._call(self._claim_run(
-            keys=[f"cw:{{{document_id}}}:active", LEASES_KEY],
-            args=[orjson.dumps(record).decode(), _now_ms() + int(lease_s * 1000), document_id]))
+            keys=_run_keys(document_id),
+            args=[orjson.dumps(record).decode(), _now_ms() + int(lease_s * 1000), document_id,
+                  record["owner"]]))
         return None if not active else dict(orjson.loads(active))
 
     async def renew_run(self, document_id: str, record: dict[str, Any], lease_s: float) -> bool:
         renewed = await self._call(self._renew_run(
-            keys=[f"cw:{{{document_id}}}:active", LEASES_KEY],
+            keys=_run_keys(document_id),
             args=[orjson.dumps(record).decode(), _now_ms() + int(lease_s * 1000), document_id,
-                  record["run_id"]]))
+                  record["run_id"], record["owner"]]))
         return bool(renewed)
 
+    async def hand_off_run(self, document_id: str, record: dict[str, Any]) -> bool:
+        handed = await self._call(self._hand_off_run(
+            keys=_run_keys(document_id),
+            args=[orjson.dumps(record).decode(), document_id, record["run_id"],
+                  record["owner"]]))
+        return bool(handed)
+
     async def release_run(self, document_id: str, run_id: str) -> None:
-        await self._call(self._release_run(
-            keys=[f"cw:{{{document_id}}}:active", LEASES_KEY], args=[run_id, document_id]))
+        await self._call(self._release_run(keys=_run_keys(document_id),
+                                           args=[run_id, document_id]))
 
     async def active_run(self, document_id: str) -> dict[str, Any] | None:
         raw = await self._call(self._redis.get(f"cw:{{{document_id}}}:active"))
         return None if raw is None else dict(orjson.loads(raw))
 
-    async def expired_runs(self, lease_s: float = 10.0) -> list[tuple[str, dict[str, Any]]]:
+    async def expired_runs(self, claimer: str, lease_s: float = 10.0
+                           ) -> list[tuple[str, dict[str, Any]]]:
         now = _now_ms()
-        flat = await self._call(self._expired_runs(keys=[LEASES_KEY],
-                                                   args=[now, now + int(lease_s * 1000)]))
+        flat = await self._call(self._expired_runs(
+            keys=[LEASES_KEY], args=[now, now + int(lease_s * 1000), claimer]))
         return [(flat[i], dict(orjson.loads(flat[i + 1]))) for i in range(0, len(flat), 2)]
-
-    async def send(self, instance_id: str, message: dict[str, Any]) -> None:
-        key = f"cw:inbox:{instance_id}"
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.xadd(key, {"m": orjson.dumps(message).decode()}, maxlen=INBOX_MAXLEN,
-                  approximate=True)
-        pipe.expire(key, INBOX_TTL_S)
-        await self._call(pipe.execute())
-
-    async def inbox(self, instance_id: str) -> AsyncIterator[dict[str, Any]]:
-        """Messages for this instance, in order; survives Redis reconnects."""
-        key, last_id = f"cw:inbox:{instance_id}", "0-0"
-        reader = aioredis.Redis.from_url(self._url, decode_responses=True,
-                                         socket_connect_timeout=2.0)
-        try:
-            while True:
-                try:
-                    batches: Any = await reader.xread({key: last_id}, block=1000, count=100)
-                except (RedisError, OSError) as exc:
-                    logger.warning("inbox read failed (%s); retrying", exc)
-                    await asyncio.sleep(0.5)
-                    continue
-                for _stream, entries in batches or ():
-                    for entry_id, fields in entries:
-                        last_id = entry_id
-                        yield dict(orjson.loads(fields["m"]))
-        finally:
-            await reader.aclose()
 
     async def set_presence(self, document_id: str, member: str, present: bool) -> None:
         key = f"cw:{{{document_id}}}:present"

@@ -1,26 +1,49 @@
-"""Which instances are alive (Redis): a sorted set of instance ids scored by when
-their heartbeat runs out. A draining instance hands its runs over only when
-another one lives (PROTOCOL.md section 13)."""
+"""Which instances are alive, and their inboxes (Redis).
 
+Instances: a sorted set of instance ids scored by when their heartbeat runs out. A
+draining instance hands its runs over only when another one lives (PROTOCOL.md
+section 13).
+
+Inboxes: one stream per instance. A message about a run is sent to the inbox of
+the run's lease holder as read atomically with the send (`send_to_run_owner`), and every
+message but a reply is claimed (deleted) by whoever acts on it: the instance
+itself, or the next owner of a run its dead or draining owner left messages for.
+So a takeover loses no message, and no message is acted on twice.
+"""
+
+import asyncio
+import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
+import orjson
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from server.backends.base import cancel_requested
+from server.backends.redis_scripts import SEND_TO_OWNER_LUA
 
 T = TypeVar("T")
 INSTANCES_KEY = "cw:instances"
-LEASES_KEY = "cw:leases"
+INBOX_MAXLEN = 10_000
+INBOX_TTL_S = 3600
+logger = logging.getLogger("cowrite.redis")
 
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _inbox_key(instance_id: str) -> str:
+    return f"cw:inbox:{instance_id}"
+
+
 class RedisInstances:
-    """Mixed into `RedisBackend`, which provides `_redis` and `_call`."""
+    """Mixed into `RedisBackend`, which provides `_redis`, `_url` and `_call`."""
 
     _redis: aioredis.Redis
+    _url: str
 
     async def _call(self, awaitable: Awaitable[T]) -> T:  # RedisBackend's
         raise NotImplementedError
@@ -36,6 +59,45 @@ class RedisInstances:
         alive: Any = await self._call(self._redis.zrangebyscore(INSTANCES_KEY, _now_ms(), "+inf"))
         return [str(member) for member in alive]  # decode_responses: str members
 
-    async def expire_run_lease(self, document_id: str) -> None:
-        """Let another instance's janitor take the run over now (a handoff)."""
-        await self._call(self._redis.zadd(LEASES_KEY, {document_id: 0}, xx=True))
+    # -- inboxes -------------------------------------------------------------------
+    async def send(self, instance_id: str, message: dict[str, Any]) -> None:
+        key = _inbox_key(instance_id)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.xadd(key, {"m": orjson.dumps(message).decode()}, maxlen=INBOX_MAXLEN,
+                  approximate=True)
+        pipe.expire(key, INBOX_TTL_S)
+        await self._call(pipe.execute())
+
+    async def send_to_run_owner(self, document_id: str, run_id: str, message: dict[str, Any],
+                                not_to: str = "") -> str | None:
+        owner = await self._call(self._redis.eval(
+            SEND_TO_OWNER_LUA, 2, f"cw:{{{document_id}}}:active", f"cw:{{{document_id}}}:owner",
+            run_id, orjson.dumps(message).decode(), INBOX_MAXLEN, INBOX_TTL_S, not_to))
+        return None if owner is None else str(owner)
+
+    async def inbox(self, instance_id: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Messages for this instance, in order; survives Redis reconnects."""
+        key, last_id = _inbox_key(instance_id), "0-0"
+        reader = aioredis.Redis.from_url(self._url, decode_responses=True,
+                                         socket_connect_timeout=2.0)
+        try:
+            while not cancel_requested():
+                try:
+                    batches: Any = await reader.xread({key: last_id}, block=1000, count=100)
+                except (RedisError, OSError) as exc:
+                    logger.warning("inbox read failed (%s); retrying", exc)
+                    await asyncio.sleep(0.5)
+                    continue
+                for _stream, entries in batches or ():
+                    for entry_id, fields in entries:
+                        last_id = entry_id
+                        yield entry_id, dict(orjson.loads(fields["m"]))
+        finally:
+            await reader.aclose()
+
+    async def take_message(self, instance_id: str, entry_id: str) -> bool:
+        return bool(await self._call(self._redis.xdel(_inbox_key(instance_id), entry_id)))
+
+    async def unread_messages(self, instance_id: str) -> list[tuple[str, dict[str, Any]]]:
+        entries: Any = await self._call(self._redis.xrange(_inbox_key(instance_id)))
+        return [(entry_id, dict(orjson.loads(fields["m"]))) for entry_id, fields in entries]

@@ -40,25 +40,40 @@ return 1
 """
 
 # Active runs: the record in cw:{doc}:active (no TTL, so a dead owner's run can
-# still be announced), the lease in the sorted set cw:leases (score: ms).
+# still be announced), the lease in the sorted set cw:leases (score: ms), and who
+# holds that lease in cw:{doc}:owner: the instance that claimed the run, then the
+# survivor that claimed it when the lease lapsed, "" while a draining owner hands
+# it over. Only the holder may renew (so a stale renewal of an instance that let
+# the run go cannot overwrite the next owner's checkpoint, or a handoff).
 CLAIM_RUN_LUA = """
 local active = redis.call('GET', KEYS[1])
 if active then return active end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+redis.call('SET', KEYS[3], ARGV[4])
 return false
 """
 RENEW_RUN_LUA = """
 local active = redis.call('GET', KEYS[1])
 if not active or cjson.decode(active)['run_id'] ~= ARGV[4] then return 0 end
+if redis.call('GET', KEYS[3]) ~= ARGV[5] then return 0 end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+return 1
+"""
+HAND_OFF_RUN_LUA = """
+local active = redis.call('GET', KEYS[1])
+if not active or cjson.decode(active)['run_id'] ~= ARGV[3] then return 0 end
+if redis.call('GET', KEYS[3]) ~= ARGV[4] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[3], '')
+redis.call('ZADD', KEYS[2], 0, ARGV[2])
 return 1
 """
 RELEASE_RUN_LUA = """
 local active = redis.call('GET', KEYS[1])
 if active and cjson.decode(active)['run_id'] == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[3])
   redis.call('ZREM', KEYS[2], ARGV[2])
 end
 return 0
@@ -71,6 +86,7 @@ for _, doc in ipairs(docs) do
   local active = redis.call('GET', key)
   if active then
     redis.call('ZADD', KEYS[1], ARGV[2], doc)
+    redis.call('SET', 'cw:{' .. doc .. '}:owner', ARGV[3])
     table.insert(out, doc)
     table.insert(out, active)
   else
@@ -78,6 +94,22 @@ for _, doc in ipairs(docs) do
   end
 end
 return out
+"""
+# A message for a run goes to the inbox of the lease holder as read in the same step,
+# so a takeover (which changes the holder) falls wholly before or after it. Returns
+# false when the run is not active, "" when nobody else holds it yet (a handoff, or
+# `ARGV[5]`, the caller, still named as holder although its run moved on).
+SEND_TO_OWNER_LUA = """
+local active = redis.call('GET', KEYS[1])
+if not active then return false end
+local record = cjson.decode(active)
+if record['run_id'] ~= ARGV[1] then return false end
+local owner = redis.call('GET', KEYS[2]) or record['owner']
+if type(owner) ~= 'string' or owner == '' or owner == ARGV[5] then return '' end
+local inbox = 'cw:inbox:' .. owner
+redis.call('XADD', inbox, 'MAXLEN', '~', ARGV[3], '*', 'm', ARGV[2])
+redis.call('EXPIRE', inbox, ARGV[4])
+return owner
 """
 PRESENT_LUA = """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])

@@ -1,0 +1,86 @@
+"""Durable runs (PROTOCOL.md section 13) on the coordinator's side: taking a run
+over from its checkpoint, and handing a run over when draining.
+
+`adopt` is called by the janitor (`server/agent/remote.py`) once this instance
+holds the lease of a run whose owner is gone; the run machine's resume rules
+(`server/agent/resume.py`) decide what happens next. `hand_over` is the
+draining owner's half: the run stops here without ending, its last state is
+left as the checkpoint, and its lease lapses at once.
+"""
+
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, Literal
+
+from server.agent.admission import toolbox_for
+from server.agent.checkpoint import from_checkpoint, to_checkpoint
+from server.agent.driver import RunDriver
+from server.agent.environment import RunEnvironment
+from server.agent.run_state import RunState
+from server.agent.steps import LeaseLost, Resume
+from server.agent.work import now_ms
+from server.backends.base import BackendUnavailable
+from server.ports import EventLog, LocalPresence
+
+logger = logging.getLogger("cowrite.agent")
+STREAMED_LOOKBACK = 2000  # log entries searched for the cut message's text
+
+
+class TakeoverMixin:
+    """Takeover and handoff of `RunCoordinator` (which provides these attributes)."""
+
+    document_id: str
+    env: RunEnvironment
+    log: EventLog
+    local: LocalPresence
+    active: RunDriver | None
+    _finished: Callable[[RunDriver], None]
+
+    async def adopt(self, record: dict[str, Any], reason: Literal["owner_lost", "handoff"]
+                    ) -> bool:
+        """Take over the run of `record` (its owner is gone; this instance holds its lease
+        now) from its checkpoint; False when there is none to go on from."""
+        checkpoint = record.get("checkpoint")
+        if not isinstance(checkpoint, dict) or self.active is not None:
+            return False
+        state = replace(from_checkpoint(checkpoint),
+                        executor_present=self.local.has_client(str(record.get("user_id")),
+                                                               str(record.get("client_id"))))
+        text_sent = state.phase == "model" and await self._streamed(state)
+        spec = None if state.current is None or self.env.tools is None else next(
+            (t for t in self.env.tools.specs() if t.name == state.current.name), None)
+        driver = RunDriver(state, self.env, self.log, toolbox_for(state, self.env),
+                           self._finished)
+        self.active = driver
+        logger.warning("taking over run %s (%s)", state.run_id, reason,
+                       extra={"document_id": self.document_id, "run_id": state.run_id})
+        return await driver.start(None, None, Resume(reason, now_ms(), text_sent,
+                                                     spec is not None and spec.idempotent))
+
+    async def _streamed(self, state: RunState) -> bool:
+        """Whether the message of the interrupted model call reached the log."""
+        head = await self.env.registry.head(self.document_id)
+        tail = await self.env.registry.read_after(self.document_id, head.epoch,
+                                                  max(0, head.last_seq - STREAMED_LOOKBACK))
+        return isinstance(tail, list) and any(
+            event.type == "message.delta" and f'"message_id":"{state.message_id}"' in event.frame
+            for event in tail)
+
+    async def hand_over(self) -> None:
+        """Draining with another instance alive: stop the run here without ending it, leave
+        its final checkpoint, and let its lease lapse at once so a survivor takes it over
+        (`run.resumed` `handoff`)."""
+        driver = self.active
+        if driver is None:
+            return
+        await driver.submit(LeaseLost())
+        await driver.done.wait()
+        state = driver.last_live_state
+        if state is None or state.finished:
+            return
+        record = {**state.to_record(self.env.instance_id), "checkpoint": to_checkpoint(state),
+                  "handoff": True}
+        with contextlib.suppress(BackendUnavailable):
+            await self.env.registry.hand_off_run(self.document_id, record)

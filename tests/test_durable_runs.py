@@ -1,0 +1,205 @@
+"""Durable runs (PROTOCOL.md section 13, issue 12) with real redis-server and real
+server processes: the owner killed while an approval waits, a server tool cut
+mid-call, every instance gone at once (the startup sweep)."""
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cluster_support import (
+    FAST_LEASE,
+    cluster,
+    ended,
+    instance,
+    join,
+    killed,
+    last_seq,
+    start_run,
+)
+from tests.fake_openai import Reply, running_fake_openai
+from tests.harness import Client
+from tests.redis_support import redis_process
+from tests.runs import answer, call, of_run, script
+from tests.tool_support import file_says
+
+pytestmark = pytest.mark.redis
+TAKEOVER_S = 15  # the lease (1 s) + a janitor tick, on a loaded 2-core machine
+SERVER_TOOLS = """
+[[tools]]
+import = "tests.tool_fixtures:wait_once"
+timeout_s = 120
+[[tools]]
+import = "tests.tool_fixtures:wait_again"
+timeout_s = 120
+idempotent = true
+"""
+
+
+def contiguous(client: Client, after: int) -> list[int]:
+    """The seqs this connection received, checked: after `after`, none lost or twice."""
+    got = [e["seq"] for e in client.events if "seq" in e]
+    assert got == list(range(after + 1, after + 1 + len(got))), got
+    return got
+
+
+async def test_owner_killed_while_an_approval_waits() -> None:
+    steps = script({"tool_calls": [call("replace_document", text="new")]}, {"say": "done"})
+    async with cluster(3, env=FAST_LEASE) as (_, (one, two, three)), \
+            join(two, sub="bob", client_id="watch") as (watcher, _):
+        async with join(one) as (doomed, mine):
+            await start_run(doomed, steps, "d-1")
+            requested = await doomed.recv_until("approval.requested")
+            seen = last_seq(doomed, mine)
+            await killed(one)
+        # Her tab comes back at once, on another instance, before any takeover, and
+        # answers the approval it already saw: the answer waits for the new owner.
+        resume = {"epoch": mine["epoch"], "after_seq": seen}
+        async with join(three, resume=resume) as (again, back):
+            assert back["resumed"] is True
+            pending = back["active_run"]["pending"]
+            assert [(p["kind"], p["call_id"]) for p in pending] == [
+                ("approval", requested["call_id"])]
+            await again.send({"type": "approval", "id": "yes", "run_id": "d-1",
+                              "call_id": requested["call_id"], "decision": "approve"})
+            ack = await again.recv_until(lambda e: e.get("reply_to") == "yes",
+                                         timeout=TAKEOVER_S)
+            assert ack["type"] == "ack", ack
+            tool_call = await again.recv_until("tool.call", timeout=TAKEOVER_S)
+            assert tool_call["call_id"] == requested["call_id"]
+            await answer(again, tool_call, {"ok": True})
+            finished = await again.recv_until(ended("d-1"), timeout=TAKEOVER_S)
+            assert finished["status"] == "completed"
+            contiguous(again, seen)
+            assert not of_run(again.events, "d-1", "approval.requested")  # not sent twice
+        resumed = await watcher.recv_until("run.resumed", timeout=TAKEOVER_S)
+        assert (resumed["run_id"], resumed["reason"]) == ("d-1", "owner_lost")
+        await watcher.recv_until(ended("d-1"), timeout=TAKEOVER_S)
+        assert [e["call_id"] for e in of_run(watcher.events, "d-1", "approval.requested")] \
+            == [requested["call_id"]]
+        assert [e["call_id"] for e in of_run(watcher.events, "d-1", "tool.call")] == \
+            [requested["call_id"]]
+        assert [e["decision"] for e in of_run(watcher.events, "d-1", "approval.resolved")] \
+            == ["approve"]
+        assert len(of_run(watcher.events, "d-1", "run.finished")) == 1
+        contiguous(watcher, 0)
+
+
+@pytest.mark.parametrize("idempotent", [True, False])
+async def test_a_server_tool_cut_mid_call(tmp_path: Path, idempotent: bool) -> None:
+    config, marker = tmp_path / "cowrite.toml", tmp_path / "marker"
+    config.write_text(SERVER_TOOLS)
+    tool = "wait_again" if idempotent else "wait_once"
+    async with running_fake_openai() as fake:
+        fake.replies = [Reply(tool_calls=[{"name": tool, "arguments": {"marker": str(marker)}}]),
+                        Reply(text=["noted"])]
+        env = {**FAST_LEASE, "COWRITE_LLM": "openai", "COWRITE_OPENAI_API_KEY": "sk-test",
+               "COWRITE_OPENAI_BASE_URL": fake.base_url, "COWRITE_OPENAI_WARMUP_TIMEOUT_S": "0",
+               "COWRITE_CONFIG": str(config)}
+        async with cluster(env=env) as (_, (one, two)), \
+                join(two, sub="bob", client_id="watch") as (watcher, _):
+            async with join(one) as (starter, _):
+                await start_run(starter, "use the tool", "t-1", tools=[])
+                called = await watcher.recv_until("tool.call")
+                assert (called["name"], called["executor"]) == (tool, "server")
+                await file_says(marker, "start")  # the tool is running on `one`
+                await killed(one)
+            resumed = await watcher.recv_until("run.resumed", timeout=TAKEOVER_S)
+            assert (resumed["run_id"], resumed["reason"]) == ("t-1", "owner_lost")
+            done = await watcher.recv_until("tool.done", timeout=TAKEOVER_S)
+            finished = await watcher.recv_until(ended("t-1"), timeout=TAKEOVER_S)
+        assert finished["status"] == "completed"
+        assert done["call_id"] == called["call_id"]
+        assert len(of_run(watcher.events, "t-1", "tool.call")) == 1  # never announced twice
+        assert len(of_run(watcher.events, "t-1", "run.finished")) == 1
+        told = fake.requests[1]["messages"][-1]  # what the model read as the tool's answer
+        assert told["role"] == "tool"
+        if idempotent:  # run again on the new owner; its result reached the model
+            assert (done["status"], done["output"]) == ("ok", "done after 2 starts")
+            assert "done after 2 starts" in told["content"]
+            assert marker.read_text().split() == ["start", "start", "end"]
+        else:  # not run again: the model is told it was interrupted
+            assert done["status"] == "error" and "interrupted" in done["error"]["message"]
+            assert "interrupted" in told["content"]
+            assert marker.read_text().split() == ["start"]
+
+
+async def test_a_fresh_instance_takes_over_the_runs_of_a_dead_cluster() -> None:
+    text = "word " * 40
+    async with cluster(env=FAST_LEASE) as (redis, (one, two)):
+        async with join(one, "doc-a") as (tab_a, welcome_a), \
+                join(two, "doc-b", sub="bob") as (tab_b, welcome_b):
+            await start_run(tab_a, script({"tool_calls": [call("read_document")]},
+                                          {"say": "after"}), "s-a")
+            tool_call = await tab_a.recv_until("tool.call")
+            await start_run(tab_b, script({"say": text}, chunk_chars=5, delay_ms=40), "s-b")
+            await tab_b.recv_until("message.delta")
+            await asyncio.gather(killed(one), killed(two))  # no instance is left
+        seen_a, seen_b = last_seq(tab_a, welcome_a), last_seq(tab_b, welcome_b)
+        async with instance(redis, FAST_LEASE) as fresh, \
+                join(fresh, "doc-a", resume={"epoch": welcome_a["epoch"],
+                                             "after_seq": seen_a}) as (again_a, _), \
+                join(fresh, "doc-b", sub="bob", resume={"epoch": welcome_b["epoch"],
+                                                        "after_seq": seen_b}) as (again_b, _):
+            for again, run_id in ((again_a, "s-a"), (again_b, "s-b")):
+                resumed = await again.recv_until("run.resumed", timeout=TAKEOVER_S)
+                assert (resumed["run_id"], resumed["reason"]) == (run_id, "owner_lost")
+            await answer(again_a, tool_call, {"text": "doc"})  # the dead owner's token
+            finished_a = await again_a.recv_until(ended("s-a"), timeout=TAKEOVER_S)
+            discarded = await again_b.recv_until("message.discarded", timeout=TAKEOVER_S)
+            done = await again_b.recv_until("message.done", timeout=TAKEOVER_S)
+            finished_b = await again_b.recv_until(ended("s-b"), timeout=TAKEOVER_S)
+        assert finished_a["status"] == finished_b["status"] == "completed"
+        assert discarded["message_id"] == "s-b:m1"
+        assert done["text"] == text and done["message_id"] != "s-b:m1"
+        assert [e["call_id"] for e in of_run(tab_a.events + again_a.events, "s-a",
+                                             "tool.call")] == [tool_call["call_id"]]
+        contiguous(again_a, seen_a)
+        contiguous(again_b, seen_b)
+
+
+async def test_a_fresh_instance_ends_the_runs_older_than_the_run_timeout() -> None:
+    env = {**FAST_LEASE, "COWRITE_RUN_TIMEOUT_S": "3"}
+    async with redis_process() as redis:
+        async with instance(redis, env) as doomed, join(doomed) as (tab, welcome):
+            await start_run(tab, script({"tool_calls": [call("read_document")]}), "o-1")
+            started = await tab.recv_until("run.started")
+            tool_call = await tab.recv_until("tool.call")
+            await killed(doomed)  # before its own run timeout could end the run
+        seen = last_seq(tab, welcome)
+        await asyncio.sleep(max(0.0, started["ts"] / 1000 + 3.5 - time.time()))
+        async with instance(redis, env) as fresh, \
+                join(fresh, resume={"epoch": welcome["epoch"], "after_seq": seen}) as (again, _):
+            finished = await again.recv_until(ended("o-1"), timeout=TAKEOVER_S)
+            assert (finished["status"], finished["reason"]) == ("aborted", "server_lost")
+            cancelled = of_run(again.events, "o-1", "tool.done")
+            assert [(d["call_id"], d["status"]) for d in cancelled] == [
+                (tool_call["call_id"], "cancelled")]
+            await answer(again, tool_call, {"text": "too late"}, id="late")
+            late = await again.recv_until(lambda e: e.get("reply_to") == "late")
+            assert late["code"] == "run_not_active"
+            assert not of_run(again.events, "o-1", "run.resumed")
+            assert len(of_run(again.events, "o-1", "run.finished")) == 1
+            contiguous(again, seen)
+
+
+async def test_a_lone_instance_still_ends_its_runs_on_sigterm() -> None:
+    """Section 6 when nobody could take the run: SIGTERM ends it `server_shutdown`, and
+    an instance started later finds nothing left to take over."""
+    async with redis_process() as redis:
+        async with instance(redis, FAST_LEASE) as alone, join(alone) as (tab, welcome):
+            await start_run(tab, script({"tool_calls": [call("read_document")]}), "l-1")
+            await tab.recv_until("tool.call")
+            alone.process.terminate()
+            finished = await tab.recv_until(ended("l-1"), timeout=10)
+            assert (finished["status"], finished["reason"]) == ("aborted", "server_shutdown")
+            assert await tab.expect_close(timeout=10) == 1001
+        seen = last_seq(tab, welcome)
+        async with instance(redis, FAST_LEASE) as later, \
+                join(later, resume={"epoch": welcome["epoch"], "after_seq": seen}) as (again, back):
+            assert back["resumed"] is True and back.get("active_run") is None
+            await asyncio.sleep(1.5)  # a lease and more: nothing is taken over or ended again
+            await again.send({"type": "ping", "ts": 1})
+            await again.recv_until("pong")
+            assert [e for e in again.events if "seq" in e] == []
