@@ -30,7 +30,8 @@ from protocol.client import (
 from protocol.codes import ErrorCode
 from protocol.server import FinishedStatus, RunSnapshot
 from server.agent.admission import first_state, refusal, toolbox_for
-from server.agent.checkpoint import from_checkpoint, to_checkpoint
+from server.agent.checkpoint import to_checkpoint
+from server.agent.checkpoint_parts import join_checkpoint
 from server.agent.driver import RunDriver
 from server.agent.environment import RunEnvironment
 from server.agent.run_queue import RunQueueMixin
@@ -130,7 +131,13 @@ class RunCoordinator(RunQueueMixin):
         checkpoint = record.get("checkpoint")
         if not isinstance(checkpoint, dict) or self.active is not None:
             return False
-        state = replace(from_checkpoint(checkpoint),
+        restored = join_checkpoint(checkpoint, await self.env.registry.run_parts(
+            self.document_id))
+        if restored is None:
+            logger.error("run %s: its checkpoint parts are missing; it cannot be taken over",
+                         record.get("run_id"), extra={"document_id": self.document_id})
+            return False
+        state = replace(restored,
                         executor_present=self.local.has_client(str(record.get("user_id")),
                                                                str(record.get("client_id"))))
         text_sent = state.phase == "model" and await self._streamed(state)

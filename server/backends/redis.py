@@ -36,6 +36,7 @@ from server.backends.base import (
     LoggedEvent,
     LogHead,
     ResumeFailure,
+    RunParts,
     encode_event_body,
 )
 from server.backends.redis_instances import RedisInstances
@@ -76,6 +77,11 @@ def _channel(document_id: str) -> str:
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _parts_key(document_id: str) -> str:
+    """The active run's checkpoint parts (one active run per document)."""
+    return f"cw:{{{document_id}}}:run-parts"
 
 
 class RedisBackend(RedisRunQueue, RedisInstances):
@@ -327,16 +333,24 @@ class RedisBackend(RedisRunQueue, RedisInstances):
             args=[orjson.dumps(record).decode(), _now_ms() + int(lease_s * 1000), document_id]))
         return None if not active else dict(orjson.loads(active))
 
-    async def renew_run(self, document_id: str, record: dict[str, Any], lease_s: float) -> bool:
+    async def renew_run(self, document_id: str, record: dict[str, Any], lease_s: float,
+                        parts: RunParts | None = None) -> bool:
+        """The record, and the checkpoint parts it counts, in one step (`RENEW_RUN_LUA`)."""
+        args = [orjson.dumps(record).decode(), _now_ms() + int(lease_s * 1000), document_id,
+                record["run_id"], "1" if parts is not None and parts.reset else "0"]
         renewed = await self._call(self._renew_run(
-            keys=[f"cw:{{{document_id}}}:active", LEASES_KEY],
-            args=[orjson.dumps(record).decode(), _now_ms() + int(lease_s * 1000), document_id,
-                  record["run_id"]]))
+            keys=[f"cw:{{{document_id}}}:active", LEASES_KEY, _parts_key(document_id)],
+            args=[*args, *(parts.entries if parts is not None else ())]))
         return bool(renewed)
+
+    async def run_parts(self, document_id: str) -> list[str]:
+        raw = await self._call(self._redis.lrange(_parts_key(document_id), 0, -1))
+        return [item.decode() if isinstance(item, bytes) else str(item) for item in raw]
 
     async def release_run(self, document_id: str, run_id: str) -> None:
         await self._call(self._release_run(
-            keys=[f"cw:{{{document_id}}}:active", LEASES_KEY], args=[run_id, document_id]))
+            keys=[f"cw:{{{document_id}}}:active", LEASES_KEY, _parts_key(document_id)],
+            args=[run_id, document_id]))
 
     async def active_run(self, document_id: str) -> dict[str, Any] | None:
         raw = await self._call(self._redis.get(f"cw:{{{document_id}}}:active"))

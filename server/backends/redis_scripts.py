@@ -53,6 +53,8 @@ local active = redis.call('GET', KEYS[1])
 if not active or cjson.decode(active)['run_id'] ~= ARGV[4] then return 0 end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+if ARGV[5] == '1' then redis.call('DEL', KEYS[3]) end
+if #ARGV > 5 then redis.call('RPUSH', KEYS[3], unpack(ARGV, 6)) end
 return 1
 """
 RELEASE_RUN_LUA = """
@@ -60,6 +62,7 @@ local active = redis.call('GET', KEYS[1])
 if active and cjson.decode(active)['run_id'] == ARGV[1] then
   redis.call('DEL', KEYS[1])
   redis.call('ZREM', KEYS[2], ARGV[2])
+  redis.call('DEL', KEYS[3])
 end
 return 0
 """
