@@ -5,7 +5,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from server.backends.base import Backend, BackendUnavailable, LoggedEvent
+from server.backends.base import Backend, BackendUnavailable, LoggedEvent, RunParts
 from server.backends.memory import MemoryBackend
 from server.backends.redis import RedisBackend
 from tests.redis_support import redis_process
@@ -130,3 +130,17 @@ async def test_an_unloggable_event_takes_no_seq(backend: Backend) -> None:
     epoch, last = await backend.head("d")
     replay = await backend.read_after("d", epoch, 0)
     assert last == 2 and isinstance(replay, list) and [e.seq for e in replay] == [1, 2]
+
+
+async def test_checkpoint_parts_go_with_the_owners_record_only(backend: Backend) -> None:
+    record = {"run_id": "r1", "status": "running", "owner": "instance-1"}
+    assert await backend.claim_run("doc-p", record, 10) is None
+    assert await backend.renew_run("doc-p", record, 10, RunParts(("a", "b"), reset=True))
+    assert await backend.renew_run("doc-p", record, 10, RunParts(("c",)))
+    assert await backend.run_parts("doc-p") == ["a", "b", "c"]
+    assert not await backend.renew_run("doc-p", {**record, "run_id": "r2"}, 10,
+                                       RunParts(("x",)))  # not the active run: nothing
+    assert await backend.renew_run("doc-p", record, 10, RunParts(("d",), reset=True))
+    assert await backend.run_parts("doc-p") == ["d"]
+    await backend.release_run("doc-p", "r1")
+    assert await backend.run_parts("doc-p") == []

@@ -12,10 +12,10 @@ import logging
 import time
 from collections.abc import Callable
 
-from server.agent.checkpoint import to_checkpoint
+from server.agent.checkpoint_parts import Written, split_checkpoint
 from server.agent.environment import RunEnvironment
 from server.agent.run_state import RunState
-from server.backends.base import BackendUnavailable, cancel_requested
+from server.backends.base import BackendUnavailable, RunParts, cancel_requested
 
 logger = logging.getLogger("cowrite.agent")
 RELEASE_RETRY_S = 0.1
@@ -24,27 +24,37 @@ RELEASE_RETRY_S = 0.1
 class RunLease:
     def __init__(self, env: RunEnvironment) -> None:
         self.env = env
+        self._written = Written()  # what the run's shared parts list holds (none known yet)
 
     @property
     def shared(self) -> bool:
         return self.env.registry.remote
 
     async def checkpoint(self, state: RunState) -> bool:
-        """Share `state`; False only when the lease is known to be lost."""
+        """Share `state`; False only when the lease is known to be lost. The record gets
+        the small part of the checkpoint, the run's parts list only what was added since
+        the last write (`checkpoint_parts.py`), both in one atomic step."""
         if not self.shared:
             return True
         record = state.to_record(self.env.instance_id)
-        if self.env.settings.durable_runs:  # off: the record only (no takeover possible)
-            record["checkpoint"] = to_checkpoint(state)
+        parts: RunParts | None = None
         try:
-            return await self.env.registry.renew_run(state.document_id, record,
-                                                     self.env.settings.run_lease_s)
+            if self.env.settings.durable_runs:  # off: the record only (no takeover possible)
+                write = split_checkpoint(state, self._written)
+                record["checkpoint"] = write.checkpoint
+                parts = RunParts(write.entries, write.reset)
+            renewed = await self.env.registry.renew_run(state.document_id, record,
+                                                        self.env.settings.run_lease_s, parts)
         except BackendUnavailable:
+            self._written = Written()  # whether the parts were appended is unknown: rewrite
             return True  # the renewal loop keeps trying; the lease still runs
         except (TypeError, ValueError):  # content the encoder refuses (the decision that
             logger.warning("checkpoint skipped: it cannot be encoded",  # carries it is
                            extra={"run_id": state.run_id})  # refused when it is logged)
             return True
+        if renewed and parts is not None:
+            self._written = write.written
+        return renewed
 
     async def keep(self, current: Callable[[], RunState]) -> bool:
         """Renew every third of the lease; True once it is lost, False when the run

@@ -15,7 +15,8 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from server.agent.admission import toolbox_for
-from server.agent.checkpoint import from_checkpoint, to_checkpoint
+from server.agent.checkpoint import to_checkpoint
+from server.agent.checkpoint_parts import join_checkpoint
 from server.agent.driver import RunDriver
 from server.agent.environment import RunEnvironment
 from server.agent.run_state import RunState
@@ -45,7 +46,13 @@ class TakeoverMixin:
         checkpoint = record.get("checkpoint")
         if not isinstance(checkpoint, dict) or self.active is not None:
             return False
-        state = replace(from_checkpoint(checkpoint),
+        restored = join_checkpoint(checkpoint, await self.env.registry.run_parts(
+            self.document_id))
+        if restored is None:  # the parts the record counts are gone: nothing to go on from
+            logger.error("run %s: its checkpoint parts are missing; it cannot be taken over",
+                         record.get("run_id"), extra={"document_id": self.document_id})
+            return False
+        state = replace(restored,
                         executor_present=self.local.has_client(str(record.get("user_id")),
                                                                str(record.get("client_id"))))
         text_sent = state.phase == "model" and await self._streamed(state)

@@ -18,6 +18,15 @@ ResumeFailure = Literal["epoch_changed", "history_truncated"]
 
 
 @dataclass(frozen=True, slots=True)
+class RunParts:
+    """Entries for a run's append-only parts list (JSON texts), sent with its record;
+    `reset` empties the list first."""
+
+    entries: tuple[str, ...]
+    reset: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class LoggedEvent:
     """A durable event as it sits in the log: its number, type and wire text."""
 
@@ -109,9 +118,15 @@ class RunRegistry(Protocol):
         """Make `record` the document's active run; on conflict return the active one."""
         ...
 
-    async def renew_run(self, document_id: str, record: dict[str, Any], lease_s: float) -> bool:
-        """Refresh the lease and snapshot of the owner's run (`record["owner"]`); False if
-        it is not active or another instance holds its lease now."""
+    async def renew_run(self, document_id: str, record: dict[str, Any], lease_s: float,
+                        parts: RunParts | None = None) -> bool:
+        """Refresh the lease and snapshot of the owner's run (`record["owner"]`), and append
+        `parts` to its checkpoint parts list in the same atomic step; False (nothing
+        written) if it is not active or another instance holds its lease now."""
+        ...
+
+    async def run_parts(self, document_id: str) -> list[str]:
+        """The active run's checkpoint parts list (`server/agent/checkpoint_parts.py`)."""
         ...
 
     async def hand_off_run(self, document_id: str, record: dict[str, Any]) -> bool:

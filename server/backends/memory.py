@@ -39,6 +39,7 @@ from server.backends.base import (
     LoggedEvent,
     LogHead,
     ResumeFailure,
+    RunParts,
     encode_event_body,
 )
 from server.backends.memory_instances import MemoryInstances
@@ -113,6 +114,7 @@ class MemoryBackend(MemoryInstances):
         self._connections: dict[str, int] = defaultdict(int)
         self._run_starts: dict[str, deque[float]] = defaultdict(deque)
         self._active: dict[str, dict[str, Any]] = {}
+        self._run_parts: dict[str, list[str]] = {}  # the active run's checkpoint parts
         self._queues: dict[str, list[dict[str, Any]]] = {}
         self._presence: dict[str, set[str]] = defaultdict(set)
 
@@ -320,17 +322,25 @@ class MemoryBackend(MemoryInstances):
         self._active[document_id] = record
         return None
 
-    async def renew_run(self, document_id: str, record: dict[str, Any], lease_s: float) -> bool:
+    async def renew_run(self, document_id: str, record: dict[str, Any], lease_s: float,
+                        parts: RunParts | None = None) -> bool:
         active = self._active.get(document_id)
         if active is None or active["run_id"] != record["run_id"]:
             return False
         self._active[document_id] = record
+        if parts is not None:
+            kept = [] if parts.reset else self._run_parts.get(document_id, [])
+            self._run_parts[document_id] = [*kept, *parts.entries]
         return True
+
+    async def run_parts(self, document_id: str) -> list[str]:
+        return list(self._run_parts.get(document_id, ()))
 
     async def release_run(self, document_id: str, run_id: str) -> None:
         active = self._active.get(document_id)
         if active is not None and active["run_id"] == run_id:
             del self._active[document_id]
+            self._run_parts.pop(document_id, None)
             self._touch(document_id)  # idle from now on, not from the run's start
 
     # -- the run queue (section 12) ------------------------------------------------

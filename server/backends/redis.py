@@ -36,6 +36,7 @@ from server.backends.base import (
     LoggedEvent,
     LogHead,
     ResumeFailure,
+    RunParts,
     cancel_requested,
     encode_event_body,
 )
@@ -71,8 +72,10 @@ def _keys(document_id: str) -> tuple[str, str]:
 
 
 def _run_keys(document_id: str) -> list[str]:
-    """The active run's record, the lease set and the lease holder (see redis_scripts)."""
-    return [f"cw:{{{document_id}}}:active", LEASES_KEY, f"cw:{{{document_id}}}:owner"]
+    """The active run's record, the lease set, the lease holder and the checkpoint parts
+    (see redis_scripts)."""
+    return [f"cw:{{{document_id}}}:active", LEASES_KEY, f"cw:{{{document_id}}}:owner",
+            f"cw:{{{document_id}}}:run-parts"]
 
 
 def _channel(document_id: str) -> str:
@@ -334,12 +337,18 @@ class RedisBackend(RedisRunQueue, RedisInstances):
                   record["owner"]]))
         return None if not active else dict(orjson.loads(active))
 
-    async def renew_run(self, document_id: str, record: dict[str, Any], lease_s: float) -> bool:
+    async def renew_run(self, document_id: str, record: dict[str, Any], lease_s: float,
+                        parts: RunParts | None = None) -> bool:
+        """The record, and the checkpoint parts it counts, in one step (`RENEW_RUN_LUA`)."""
+        args = [orjson.dumps(record).decode(), _now_ms() + int(lease_s * 1000), document_id,
+                record["run_id"], record["owner"], "1" if parts and parts.reset else "0"]
         renewed = await self._call(self._renew_run(
-            keys=_run_keys(document_id),
-            args=[orjson.dumps(record).decode(), _now_ms() + int(lease_s * 1000), document_id,
-                  record["run_id"], record["owner"]]))
+            keys=_run_keys(document_id), args=[*args, *(parts.entries if parts else ())]))
         return bool(renewed)
+
+    async def run_parts(self, document_id: str) -> list[str]:
+        raw = await self._call(self._redis.lrange(_run_keys(document_id)[3], 0, -1))
+        return [item.decode() if isinstance(item, bytes) else str(item) for item in raw]
 
     async def hand_off_run(self, document_id: str, record: dict[str, Any]) -> bool:
         handed = await self._call(self._hand_off_run(

@@ -44,7 +44,9 @@ return 1
 # holds that lease in cw:{doc}:owner: the instance that claimed the run, then the
 # survivor that claimed it when the lease lapsed, "" while a draining owner hands
 # it over. Only the holder may renew (so a stale renewal of an instance that let
-# the run go cannot overwrite the next owner's checkpoint, or a handoff).
+# the run go cannot overwrite the next owner's checkpoint, or a handoff). The run's
+# checkpoint parts (an append-only list, server/agent/checkpoint_parts.py) are in
+# cw:{doc}:run-parts, appended by the renewal that writes the record counting them.
 CLAIM_RUN_LUA = """
 local active = redis.call('GET', KEYS[1])
 if active then return active end
@@ -59,6 +61,10 @@ if not active or cjson.decode(active)['run_id'] ~= ARGV[4] then return 0 end
 if redis.call('GET', KEYS[3]) ~= ARGV[5] then return 0 end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+if ARGV[6] == '1' then redis.call('DEL', KEYS[4]) end
+for i = 7, #ARGV, 1000 do
+  redis.call('RPUSH', KEYS[4], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
 return 1
 """
 HAND_OFF_RUN_LUA = """
@@ -73,7 +79,7 @@ return 1
 RELEASE_RUN_LUA = """
 local active = redis.call('GET', KEYS[1])
 if active and cjson.decode(active)['run_id'] == ARGV[1] then
-  redis.call('DEL', KEYS[1], KEYS[3])
+  redis.call('DEL', KEYS[1], KEYS[3], KEYS[4])
   redis.call('ZREM', KEYS[2], ARGV[2])
 end
 return 0
