@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
 
-from bench import editbench, load, runs, transport
+from bench import editbench, load, runs, scenarios, transport
 from bench.common import Proc, Served, cowrite_join, percentile, script_prompt, server_process
 
 CHARS = 200_000
@@ -197,10 +197,7 @@ async def measure(quick: bool = False) -> dict[str, Any]:
             bare, size.idle_connections, cowrite=False) / 1024
     scenario = load.Scenario(name=f"runs-{size.load_docs}", docs=size.load_docs, deltas=200,
                              tools=3, delay_ms=20, ramp_s=2.0, run_timeout_s=120)
-    async with load.local_servers(False) as procs:
-        report = await load.run_scenario(scenario, [p.url("") for p in procs], procs,
-                                         progress=False)
-    load.save(report)
+    report = await scenarios.run_apart(scenario)  # a generator process of its own
     errors = report["verification_errors"]
     out["load_first_delta_p99_ms"] = report["first_delta_ms"].get("p99", float("nan"))
     out["load_lost_duplicated"] = errors.get("seq_gap", 0) + errors.get("duplicate_event", 0)

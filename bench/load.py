@@ -26,6 +26,7 @@ import resource
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -456,6 +457,17 @@ async def local_servers(redis: bool) -> Any:
         yield procs
 
 
+def _run(main: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+    """The generator's loop: uvloop where installed (the server's own loop), which
+    costs the generator about a third less CPU per event than asyncio's, so that at
+    1,000 connections it measures the server rather than itself."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -475,6 +487,7 @@ def main() -> None:
     parser.add_argument("--idle", action="store_true", help="connect and hold, no runs")
     parser.add_argument("--catch-up", action="store_true",
                         help="scripted pieces due on the model's clock, merged when late")
+    parser.add_argument("--no-progress", action="store_true", help="no progress line")
     args = parser.parse_args()
     if not args.url and not args.spawn:
         parser.error("give --url of a running server, or --spawn")
@@ -484,12 +497,13 @@ def main() -> None:
     pin(0, CLIENT_CORE)  # as in `make bench`: spawned servers are pinned to the other core
 
     async def go() -> dict[str, Any]:
+        progress = not args.no_progress
         if args.url:
-            return await run_scenario(scenario, [args.url.rstrip("/")], [])
+            return await run_scenario(scenario, [args.url.rstrip("/")], [], progress)
         async with local_servers(args.redis) as procs:
-            return await run_scenario(scenario, [p.url("") for p in procs], procs)
+            return await run_scenario(scenario, [p.url("") for p in procs], procs, progress)
 
-    report = asyncio.run(go())
+    report = _run(go())
     print(markdown(report))
     print(f"saved {save(report)}.json and .md")
     failed = sum(report["verification_errors"].values())

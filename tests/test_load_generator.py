@@ -1,8 +1,13 @@
 """The load generator is a tool operators trust: it must verify cleanly against
 a healthy server, and its verifier must catch a broken stream."""
 
+from dataclasses import asdict
+
+import pytest
+
 from bench.common import BENCH_SECRET
 from bench.load import LoadClient, Scenario, Stats, markdown, run_scenario
+from bench.scenarios import run_apart
 from tests.harness import running_server
 
 
@@ -37,6 +42,18 @@ async def test_crowded_streams_on_a_lagging_loop_lose_nothing() -> None:
     # per run: run.started, 2 + 100 pieces of text, tool.call, tool.done, 2 message.done,
     # run.finished; merged text makes fewer events than that
     assert report["events"] < 60 * 109
+
+
+@pytest.mark.slow
+async def test_a_scenario_run_apart_is_the_scenario_asked_for() -> None:
+    """`make bench` runs its load scenario in a generator process of its own: the
+    report it reads back is of that scenario, verified."""
+    scenario = Scenario(name="test-apart", docs=3, deltas=7, tools=1, delay_ms=1,
+                        catch_up=True, edit_rate=0.5, ramp_s=0.1, seed=9)
+    report = await run_apart(scenario)
+    assert report["scenario"] == asdict(scenario)
+    assert report["verification_errors"] == {} and sum(report["runs_finished"].values()) == 3
+    assert report["server_cpu_s"] > 0 and report["client_cpu_s"] > 0
 
 
 def test_verifier_catches_gaps_duplicates_and_mismatched_text() -> None:
