@@ -85,6 +85,26 @@ async def tool_round_trips(proc: Served, calls: int, document_id: str = "tools"
                 return trips
 
 
+async def bare_tool_round_trips(proc: Proc, count: int) -> list[float]:
+    """The bare app's `/tool`: a `tool.result` answered with cowrite's three frames
+    (tool.done, ack, tool.call), timed like `tool_round_trips` (result sent -> call)."""
+    async with connect(proc.url("/tool"), compression=None) as ws:
+        trips: list[float] = []
+        await ws.send('{"type":"tool.result","call_id":"call_0","output":{"text":"doc"}}')
+        sent_at = None
+        while len(trips) < count:
+            event = orjson.loads(await ws.recv())
+            if event["type"] == "tool.call":
+                now = time.perf_counter()
+                if sent_at is not None:
+                    trips.append((now - sent_at) * 1000)
+                await ws.send(orjson.dumps({
+                    "type": "tool.result", "call_id": event["call_id"], "token": event["token"],
+                    "output": {"text": "doc"}}).decode())
+                sent_at = time.perf_counter()
+        return trips
+
+
 async def ping_pongs(proc: Proc, count: int) -> list[float]:
     async with connect(proc.url("/echo"), compression=None) as ws:
         trips = []
