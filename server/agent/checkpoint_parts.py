@@ -63,16 +63,20 @@ def _extends(state: RunState, written: Written) -> bool:
 
 
 def split_checkpoint(state: RunState, written: Written) -> CheckpointWrite:
-    whole = to_checkpoint(state)
     reset = not _extends(state, written)
     if reset:
         written = Written()
+    # Only what the list lacks is converted: the constants once, the new items only.
+    changes: dict[str, Any] = {"messages": state.messages[written.messages:],
+                               "tool_results": state.tool_results[written.tool_results:]}
+    if written.constant:
+        changes.update(prompt="", context=None, client_tools=())
+    whole = to_checkpoint(state.evolve(**changes))
     entries: list[str] = []
     if not written.constant:
         entries.append(orjson.dumps(["c", {name: whole[name] for name in CONSTANT}]).decode())
-    entries += [orjson.dumps(["m", m]).decode() for m in whole["messages"][written.messages:]]
-    entries += [orjson.dumps(["r", r]).decode()
-                for r in whole["tool_results"][written.tool_results:]]
+    entries += [orjson.dumps(["m", m]).decode() for m in whole["messages"]]
+    entries += [orjson.dumps(["r", r]).decode() for r in whole["tool_results"]]
     small = {name: value for name, value in whole.items()
              if name not in CONSTANT and name not in GROWING}
     small["parts"] = {"messages": len(state.messages), "tool_results": len(state.tool_results)}
