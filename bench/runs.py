@@ -62,47 +62,42 @@ async def abort_latency(proc: Proc, concurrent: int, rounds: int) -> list[float]
     return latencies
 
 
+async def _answer_calls(ws: ClientConnection, count: int | None) -> list[float]:
+    """Answer every `tool.call` at once and time `tool.result` sent -> next `tool.call`,
+    until `run.finished` (or `count` round trips, for a server that never ends)."""
+    trips: list[float] = []
+    sent_at = None
+    while count is None or len(trips) < count:
+        event = orjson.loads(await ws.recv())
+        if event["type"] == "tool.call":
+            now = time.perf_counter()
+            if sent_at is not None:
+                trips.append((now - sent_at) * 1000)
+            await ws.send(orjson.dumps({
+                "type": "tool.result", "run_id": event["run_id"], "call_id": event["call_id"],
+                "token": event["token"], "output": {"text": "doc"}}).decode())
+            sent_at = time.perf_counter()
+        elif event["type"] == "run.finished":
+            break
+    return trips
+
+
 async def tool_round_trips(proc: Served, calls: int, document_id: str = "tools"
                            ) -> list[float]:
     ws, _ = await cowrite_join(proc, document_id, "executor")
-    trips: list[float] = []
     async with ws:
         await ws.send(orjson.dumps({"type": "run.start", "tools": [READ_TOOL],
                                     "prompt": script_prompt("done", 4, tool_steps=calls),
                                     "options": {"max_steps": calls + 1}}).decode())
-        sent_at = None
-        while True:
-            event = orjson.loads(await ws.recv())
-            if event["type"] == "tool.call":
-                now = time.perf_counter()
-                if sent_at is not None:
-                    trips.append((now - sent_at) * 1000)
-                await ws.send(orjson.dumps({
-                    "type": "tool.result", "run_id": event["run_id"], "call_id": event["call_id"],
-                    "token": event["token"], "output": {"text": "doc"}}).decode())
-                sent_at = time.perf_counter()
-            elif event["type"] == "run.finished":
-                return trips
+        return await _answer_calls(ws, None)
 
 
 async def bare_tool_round_trips(proc: Proc, count: int) -> list[float]:
     """The bare app's `/tool`: a `tool.result` answered with cowrite's three frames
     (tool.done, ack, tool.call), timed like `tool_round_trips` (result sent -> call)."""
     async with connect(proc.url("/tool"), compression=None) as ws:
-        trips: list[float] = []
         await ws.send('{"type":"tool.result","call_id":"call_0","output":{"text":"doc"}}')
-        sent_at = None
-        while len(trips) < count:
-            event = orjson.loads(await ws.recv())
-            if event["type"] == "tool.call":
-                now = time.perf_counter()
-                if sent_at is not None:
-                    trips.append((now - sent_at) * 1000)
-                await ws.send(orjson.dumps({
-                    "type": "tool.result", "call_id": event["call_id"], "token": event["token"],
-                    "output": {"text": "doc"}}).decode())
-                sent_at = time.perf_counter()
-        return trips
+        return await _answer_calls(ws, count)
 
 
 async def ping_pongs(proc: Proc, count: int) -> list[float]:
