@@ -95,7 +95,7 @@ def build_services(settings: Settings, tools: ToolCatalog | None = None) -> Serv
     def session_factory(document_id: str) -> DocumentSession:
         def runs(session: DocumentSession) -> RunCoordinator:
             return RunCoordinator(document_id, session, session, env,
-                                  on_idle=lambda: hub.release(session))
+                                  on_idle=lambda: hub.forget_if_idle(session))
         return DocumentSession(document_id, backend, limits, runs,
                                FEATURES + (("durable_runs",) if durable else ()))
 

@@ -407,6 +407,7 @@ export class CowriteClient extends EventTarget {
       }
     }
     if (event.type === "tool.done") this.results.delete(event.call_id);
+    if (event.type === "error" && event.code === "unavailable") this.#retryResult(event);
     this.#trackRun(event);
     this.#emit(event);
     if (event.type === "tool.call" && event.executor === "client" &&
@@ -418,6 +419,16 @@ export class CowriteClient extends EventTarget {
   #emit(event) {
     this.dispatchEvent(new CustomEvent(event.type, { detail: event }));
     this.dispatchEvent(new CustomEvent("event", { detail: event }));
+  }
+
+  /** `unavailable` for a kept result (Redis down, the run changing instances): send it
+   * again after `retry_after_ms`, unless its tool.done came meanwhile. */
+  #retryResult(error) {
+    const result = [...this.results.values()].find((r) => r.id === error.reply_to);
+    if (!result) return;
+    this.setTimer(() => {
+      if (this.results.get(result.call_id) === result) this.send(result);
+    }, error.retry_after_ms ?? 1000);
   }
 
   /** After a reconnect: resend results the server may have missed; run calls not yet run. */
@@ -439,8 +450,8 @@ export class CowriteClient extends EventTarget {
     if (this.executing.has(call.call_id)) return; // exactly once per call
     this.executing.add(call.call_id);
     const tool = this.tools.get(call.name);
-    const result = { type: "tool.result", run_id: call.run_id, call_id: call.call_id,
-                     token: call.token };
+    const result = { type: "tool.result", id: `result:${call.call_id}`.slice(0, 64),
+                     run_id: call.run_id, call_id: call.call_id, token: call.token };
     const started = performance.now();
     try {
       if (this.#isStale(call)) {

@@ -103,9 +103,11 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
                 (c.from_, c.to, c.insert) for c in message.changes)
             edited = DocumentEdited(peer.user_id, message.origin, message.document_version,
                                     message.summary, changes)
-            if await driver.submit(edited) and driver.state.finished:
-                self.env.metrics.abort_latency.observe(time.perf_counter() - started)
-            return
+            if await driver.submit(edited):
+                if driver.state.finished:
+                    self.env.metrics.abort_latency.observe(time.perf_counter() - started)
+                return
+            await driver.done.wait()  # it ended, or moved to another instance: ask there
         if message.origin != "user":
             return
         record = await self._record_elsewhere()

@@ -30,7 +30,7 @@ from protocol.server import Error
 from server import tracing
 from server.agent import history
 from server.agent.environment import RunEnvironment
-from server.agent.lease import RunLease
+from server.agent.lease import FencedLog, RunLease
 from server.agent.run_state import RunState
 from server.agent.steps import (
     ArmTimer,
@@ -93,6 +93,9 @@ class RunDriver:
         self._started: asyncio.Future[bool] | None = None
         self.done = asyncio.Event()
         self.last_live_state: RunState | None = None  # the state when the lease went
+        # A decision's state from its checkpoint until its events are logged: what a
+        # renewal in between shares (not the older committed state, which would undo it).
+        self._announcing: RunState | None = None
 
     @property
     def run_id(self) -> str:
@@ -117,7 +120,9 @@ class RunDriver:
             self._inbox.put_nowait(_Envelope(event, peer, None))
 
     async def submit(self, event: Input, peer: Peer | None = None) -> bool:
-        """Feed `event` and wait until it was applied (False if the run already ended)."""
+        """Feed `event` and wait until it was dealt with: applied, or refused with an
+        answer to `peer`. False when the run ended first or moved to another instance
+        (then whoever has the run now must get it)."""
         if self.done.is_set():
             return False
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -140,7 +145,8 @@ class RunDriver:
                     envelope = await self._inbox.get()
                     applied = await self._apply(envelope.event, envelope.peer)
                     if envelope.done is not None and not envelope.done.done():
-                        envelope.done.set_result(applied)
+                        # refused with an answer to its sender counts as dealt with
+                        envelope.done.set_result(applied or self.last_live_state is None)
                 self._stop_children(renewal=True)
         except Exception:
             logger.exception("run driver failed", extra=self.log_extra)
@@ -210,15 +216,30 @@ class RunDriver:
             if type(effect) is Publish:
                 slot = index
                 break
+        fence = slot >= 0 and self.lease.stale  # stalled: confirm the lease before logging
         if slot > 0:
             for effect in effects[:slot]:
-                await self._do_safely(effect, peer, decision.state)
+                if type(effect) is Checkpoint:
+                    fence = True
+                else:
+                    await self._do_safely(effect, peer, decision.state)
+        if fence:
+            self._announcing = decision.state
+            if not await self._checkpoint_held(decision.state):
+                # Another instance took the run over while this one stalled: the decision
+                # is not this instance's to commit (its events would tell a client
+                # something the new owner never learns). The run stops here; the input
+                # goes on to the new owner (`submit` answers False).
+                self._announcing = None
+                await self._apply(LeaseLost(), None)
+                return False
         if slot >= 0:
             publish = effects[slot]
             assert isinstance(publish, Publish)
             if decision.refusable:
                 problem = await self._try_publish(publish)
                 if problem is not None:
+                    self._announcing = None
                     if peer is not None:
                         peer.reply(Error(code=problem[0], message=problem[1],
                                          reply_to=decision.reply_to, run_id=self.run_id,
@@ -229,6 +250,7 @@ class RunDriver:
                 try:
                     await self._publish(publish.events)
                 except _PublishFailed as failed:
+                    self._announcing = None
                     if not decision.state.finished:
                         return await self._apply(Crashed(failed.ref), None)
                     logger.error("the run's end could not be logged (%s)", failed.why,
@@ -236,7 +258,7 @@ class RunDriver:
                     self._released = isinstance(failed.cause, BackendUnavailable)
                     self.state = decision.state
                     return True  # with Redis the lease lapses and a survivor announces it
-        self.state = decision.state
+        self.state, self._announcing = decision.state, None
         for effect in effects[slot + 1:]:
             await self._do_safely(effect, peer, decision.state)
         return True
@@ -366,22 +388,38 @@ class RunDriver:
             logger.warning("history entries lost: backend unavailable", extra=self.log_extra)
 
     async def _checkpoint(self, state: RunState) -> None:
-        """Share the state about to be announced (a survivor then knows every call)."""
+        """Share the state (a checkpoint after a decision that announced nothing)."""
         if not await self.lease.checkpoint(state):
             self.feed(LeaseLost())
+
+    async def _checkpoint_held(self, state: RunState) -> bool:
+        """Share the state about to be announced (a survivor then knows every call);
+        False when the lease turned out to be another instance's."""
+        if not self.lease.shared:  # with one process nobody reads checkpoints
+            return True
+        try:
+            return await self.lease.checkpoint(state)
+        except Exception:
+            ref = new_ref()
+            logger.exception("checkpoint failed (ref %s)", ref, extra=self.log_extra)
+            if not state.finished:
+                self.feed(Crashed(ref))
+            return True
 
     async def _release(self, effect: Release) -> None:
         await self.lease.release(self.state)
         self._released = True
 
     async def _renew(self) -> None:
-        if await self.lease.keep(lambda: self.state):
+        if await self.lease.keep(lambda: self._announcing or self.state):
             self.feed(LeaseLost())
 
     # -- children: the model and server tools --------------------------------------
     async def _model_call(self, state: RunState) -> None:
         self._parts = []
-        self.feed(await model_turn(state, self.env.llm, self.log, self.toolbox, self._parts))
+        log = FencedLog(self.log, self.lease, lambda: self.state) if self.lease.shared \
+            else self.log
+        self.feed(await model_turn(state, self.env.llm, log, self.toolbox, self._parts))
 
     async def _server_tool(self, effect: RunServerTool) -> None:
         assert self.env.tools is not None  # a server call implies a catalog

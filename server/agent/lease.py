@@ -10,12 +10,14 @@ the record, so checkpoints cost nothing there.
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from protocol.server import DurableServerEvent
 from server.agent.checkpoint_parts import Written, split_checkpoint
 from server.agent.environment import RunEnvironment
 from server.agent.run_state import RunState
-from server.backends.base import BackendUnavailable, RunParts, cancel_requested
+from server.backends.base import BackendUnavailable, RunMovedOn, RunParts, cancel_requested
+from server.ports import EventLog
 
 logger = logging.getLogger("cowrite.agent")
 RELEASE_RETRY_S = 0.1
@@ -25,10 +27,21 @@ class RunLease:
     def __init__(self, env: RunEnvironment) -> None:
         self.env = env
         self._written = Written()  # what the run's shared parts list holds (none known yet)
+        # One write at a time: two interleaved writes would both append from the same
+        # count (the renewal's and a decision's), and the parts list would be corrupt.
+        self._lock = asyncio.Lock()
+        self._confirmed = time.monotonic()  # when the lease was last known to be ours
 
     @property
     def shared(self) -> bool:
         return self.env.registry.remote
+
+    @property
+    def stale(self) -> bool:
+        """Whether this instance has not confirmed its lease for half a lease: it stalled
+        (a renewal is due every third), so another instance may hold the run by now."""
+        return self.shared and time.monotonic() - self._confirmed > \
+            self.env.settings.run_lease_s / 2
 
     async def checkpoint(self, state: RunState) -> bool:
         """Share `state`; False only when the lease is known to be lost. The record gets
@@ -36,6 +49,10 @@ class RunLease:
         the last write (`checkpoint_parts.py`), both in one atomic step."""
         if not self.shared:
             return True
+        async with self._lock:
+            return await self._write(state)
+
+    async def _write(self, state: RunState) -> bool:
         record = state.to_record(self.env.instance_id)
         parts: RunParts | None = None
         try:
@@ -52,8 +69,10 @@ class RunLease:
             logger.warning("checkpoint skipped: it cannot be encoded",  # carries it is
                            extra={"run_id": state.run_id})  # refused when it is logged)
             return True
-        if renewed and parts is not None:
-            self._written = write.written
+        if renewed:
+            self._confirmed = time.monotonic()
+            if parts is not None:
+                self._written = write.written
         return renewed
 
     async def keep(self, current: Callable[[], RunState]) -> bool:
@@ -89,3 +108,21 @@ class RunLease:
                                         "document_id": state.document_id})
                     return
                 await asyncio.sleep(RELEASE_RETRY_S)
+
+
+class FencedLog:
+    """The log as a run's model stream writes to it (Redis): before a delta, a lease
+    not confirmed for a while (the instance stalled) is confirmed first, so an owner
+    that lost its run does not stream text into the new owner's story."""
+
+    def __init__(self, log: EventLog, lease: RunLease, current: Callable[[], RunState]
+                 ) -> None:
+        self._log, self._lease, self._current = log, lease, current
+
+    async def publish_many(self, events: Sequence[DurableServerEvent]) -> None:
+        await self._log.publish_many(events)
+
+    async def publish_delta(self, run_id: str, message_id: str, delta: str) -> None:
+        if self._lease.stale and not await self._lease.checkpoint(self._current()):
+            raise RunMovedOn(run_id)
+        await self._log.publish_delta(run_id, message_id, delta)

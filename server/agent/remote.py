@@ -40,6 +40,11 @@ from server.session import SessionHub
 
 logger = logging.getLogger("cowrite.remote")
 TAKEOVER_SLACK_S = 2.0  # a lapsed lease is taken over within a janitor tick of lapsing
+# How long a message waits for a run's next owner. A takeover takes a lease and a
+# janitor tick, but on a starved machine (every process on one core, a new instance
+# importing) it took longer than 3 s in the rolling-restart test: giving up then
+# made the client answer twice or, if it does not retry, time the call out.
+DELIVERY_WAIT_LEASES, DELIVERY_WAIT_SLACK_S = 3, 10.0
 TAKEOVER_POLL_S = 0.05
 STOP_WAIT_S = 2.0
 
@@ -152,7 +157,7 @@ class RunRouter:
                               peer: Peer | None) -> None:
         """Send `message` once another instance holds the run, or this one runs it."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.lease_s + TAKEOVER_SLACK_S
+        deadline = loop.time() + self.lease_s * DELIVERY_WAIT_LEASES + DELIVERY_WAIT_SLACK_S
         reply_to = (message.get("message") or {}).get("id")
         while loop.time() < deadline:
             await asyncio.sleep(TAKEOVER_POLL_S)

@@ -63,8 +63,10 @@ class TakeoverMixin:
         self.active = driver
         logger.warning("taking over run %s (%s)", state.run_id, reason,
                        extra={"document_id": self.document_id, "run_id": state.run_id})
-        return await driver.start(None, None, Resume(reason, now_ms(), text_sent,
-                                                     spec is not None and spec.idempotent))
+        started = await driver.start(None, None, Resume(reason, now_ms(), text_sent,
+                                                        spec is not None and spec.idempotent))
+        # Lost again at once (this instance stalled): the instance that holds it now goes on.
+        return started or driver.last_live_state is not None
 
     async def _streamed(self, state: RunState) -> bool:
         """Whether the message of the interrupted model call reached the log."""

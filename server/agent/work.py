@@ -22,6 +22,7 @@ from server.agent.run_state import ModelCall, RunState, ToolOutcome
 from server.agent.steps import (
     Crashed,
     Input,
+    LeaseLost,
     ModelFailed,
     ModelFinished,
     ModelUnparseable,
@@ -29,6 +30,7 @@ from server.agent.steps import (
     ServerToolFinished,
 )
 from server.agent.tools import ToolBox
+from server.backends.base import RunMovedOn
 from server.ports import EventLog, ServerTools
 from server.tools.context import ToolContext
 
@@ -78,6 +80,8 @@ async def model_turn(state: RunState, llm: LLM, log: EventLog, toolbox: ToolBox,
             elif isinstance(chunk, UsageChunk):
                 for key, value in chunk.usage.items():
                     usage[key] = usage.get(key, 0) + value
+    except RunMovedOn:  # this instance stalled and another took the run over
+        return LeaseLost()
     except ModelError as exc:
         logger.warning("model call failed: status=%s kind=%s latency_ms=%.0f: %s",
                        exc.status, exc.kind, (time.perf_counter() - started) * 1000, exc,

@@ -47,6 +47,12 @@ class BackendUnavailable(Exception):
     """The shared backend (Redis) cannot be reached; the request may be retried."""
 
 
+class RunMovedOn(Exception):
+    """The run's lease turned out to be another instance's: this one stalled past it and
+    a survivor took the run over. Whatever this instance was about to log for the run
+    is not its to log."""
+
+
 class UnloggableEvent(ValueError):
     """The event cannot be serialized (nested too deep for the encoder, an integer
     beyond 64 bits, a non-JSON value). `append` raises it before any seq is taken,

@@ -131,7 +131,7 @@ test("a tool call runs once, even when replayed, and its result is resent after 
   await tick();
   assert.equal(runs, 1);
   const results = new Map(ws.sent.filter((m) => m.type === "tool.result").map((m) => [m.call_id, m]));
-  assert.deepEqual(results.get("c1"), { type: "tool.result", run_id: "r", call_id: "c1", token: "T", output: { text: "hello" } });
+  assert.deepEqual(results.get("c1"), { type: "tool.result", id: "result:c1", run_id: "r", call_id: "c1", token: "T", output: { text: "hello" } });
   assert.deepEqual(results.get("c2").error, { message: "nope", code: "bad" });
   assert.equal(results.size, 2);
   ws.serverClose(1011);
@@ -145,6 +145,32 @@ test("a tool call runs once, even when replayed, and its result is resent after 
   await tick();
   assert.equal(runs, 1, "not executed twice");
   assert.deepEqual(again.sent.filter((m) => m.type === "tool.result").map((m) => m.call_id), ["c1"]);
+});
+
+test("a result refused as unavailable is sent again after retry_after_ms, until its tool.done", async () => {
+  const { client, timers } = makeClient();
+  client.registerTool({ name: "read_document" }, () => ({ text: "hello" }));
+  client.connect();
+  await tick();
+  const ws = FakeSocket.all[0];
+  ws.serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: false });
+  ws.serverSend({ type: "tool.call", seq: 1, run_id: "r", call_id: "c1", name: "read_document",
+                  arguments: {}, executor: "client", client_id: "tab-1", token: "T" });
+  await tick();
+  const sent = () => ws.sent.filter((m) => m.type === "tool.result");
+  assert.equal(sent().length, 1);
+  ws.serverSend({ type: "error", code: "unavailable", message: "moving", reply_to: sent()[0].id,
+                  run_id: "r", retry_after_ms: 700 });
+  ws.serverSend({ type: "error", code: "unavailable", message: "other", reply_to: "m9" });
+  assert.deepEqual(timers.map((t) => t.ms), [700], "one retry, for the result only");
+  timers[0].fn();
+  assert.equal(sent().length, 2);
+  assert.deepEqual(sent()[1], sent()[0]);
+  ws.serverSend({ type: "error", code: "unavailable", message: "moving", reply_to: sent()[0].id,
+                  run_id: "r", retry_after_ms: 700 });
+  ws.serverSend({ type: "tool.done", seq: 2, run_id: "r", call_id: "c1", status: "ok" });
+  timers[1].fn();
+  assert.equal(sent().length, 2, "not after its tool.done");
 });
 
 test("startRun declares the registered tools and resolves with the ack", async () => {
