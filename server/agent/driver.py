@@ -59,6 +59,7 @@ from server.agent.tools import ToolBox
 from server.agent.work import model_turn, new_ref, now_ms, server_tool
 from server.backends.base import BackendUnavailable, UnloggableEvent
 from server.connection import Peer
+from server.continuation import Continuation
 from server.ports import EventLog
 
 logger = logging.getLogger("cowrite.agent")
@@ -84,6 +85,7 @@ class RunDriver:
         self._inbox: asyncio.Queue[_Envelope] = asyncio.Queue()
         self._group: asyncio.TaskGroup | None = None
         self._model_task: asyncio.Task[None] | None = None
+        self._model_due: RunState | None = None  # a model turn to start eagerly
         self._tool_task: asyncio.Task[None] | None = None
         self._renewal: asyncio.Task[None] | None = None
         self._timers: dict[str, asyncio.TimerHandle] = {}
@@ -199,7 +201,27 @@ class RunDriver:
         committed = await self._execute(decision, peer)
         if committed and tracing.active is not None:
             tracing.active.observe(event, decision)
+        if self._model_due is not None:
+            self._start_model_eagerly(self._model_due)
         return committed
+
+    def _start_model_eagerly(self, state: RunState) -> None:
+        """Run the model turn in this task until it first has to wait, and only then
+        hand it to a child task (as Python 3.12's eager tasks do). A scripted turn
+        that asks for a tool never waits: its `ModelFinished` is in the inbox when
+        this returns and is decided next, with no task created and no trip through
+        the event loop. Only for models that say their turns are safe to start so
+        (`eager_turns`): one that enters `asyncio.timeout` or an anyio cancel scope
+        before its first wait would bind it to this task instead of the child."""
+        self._model_due = None
+        coroutine = self._guarded(self._model_call(state))
+        try:
+            waiting = coroutine.send(None)
+        except StopIteration:
+            self._model_task = None
+            return
+        assert self._group is not None
+        self._model_task = self._group.create_task(_finish(Continuation(coroutine, waiting)))
 
     async def _execute(self, decision: Decision, peer: Peer | None) -> bool:
         """Effects before the decision's `Publish`, the publish (the commit point),
@@ -297,7 +319,10 @@ class RunDriver:
                 await self._remember([history.assistant_entry(
                     state.run_id, partial, True, state.thread_id, effect.interrupted_by)])
         elif isinstance(effect, CallModel):
-            self._model_task = self._spawn(self._model_call(state))
+            if getattr(self.env.llm, "eager_turns", False):
+                self._model_due = state  # started once the decision's effects are done
+            else:
+                self._model_task = self._spawn(self._model_call(state))
         elif isinstance(effect, RunServerTool):
             self._tool_task = self._spawn(self._server_tool(effect))
         elif isinstance(effect, StopWork):
@@ -328,6 +353,7 @@ class RunDriver:
             self.feed(Crashed(ref))
 
     def _stop_children(self, renewal: bool) -> None:
+        self._model_due = None
         for task in (self._model_task, self._tool_task, self._renewal if renewal else None):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
@@ -386,6 +412,10 @@ class RunDriver:
     async def _server_tool(self, effect: RunServerTool) -> None:
         assert self.env.tools is not None  # a server call implies a catalog
         self.feed(await server_tool(self.state, self.env.tools, effect))
+
+
+async def _finish(continuation: Continuation) -> None:
+    await continuation
 
 
 class _PublishFailed(Exception):

@@ -76,6 +76,10 @@ class _Pacer:
 
 
 class ScriptedLLM:
+    # The driver may start a turn in its own task (driver._start_model_eagerly): a
+    # scripted turn binds nothing (timeouts, cancel scopes) to the task that starts it.
+    eager_turns = True
+
     def __init__(self) -> None:
         self._pacers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pacer] = \
             weakref.WeakKeyDictionary()
