@@ -359,9 +359,17 @@ class Outbound:
 
     def _frame_of(self, event: LoggedEvent) -> str:
         """The event's frame as this connection may see it (another user's call
-        token removed)."""
+        token removed). The token's own user is settled from the last `"token":"`
+        (the top-level one follows the arguments, where a nested one could hide;
+        later fields are numbers or strings); any doubt takes the full parse."""
         frame = event.frame
         if event.type == "tool.call" and '"token"' in frame:
+            start = frame.rfind('"token":"')
+            if start >= 0:
+                start += 9
+                token = frame[start:frame.find('"', start)]
+                if call_token_user(token) == self._user_id:
+                    return frame
             owner, stripped = _tool_call_view(frame)
             if owner != self._user_id:
                 frame = stripped
