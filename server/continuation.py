@@ -39,3 +39,8 @@ class Continuation:
                     waiting = coro.send(value)
                 except StopIteration:
                     return
+
+
+async def finish(continuation: Continuation) -> None:
+    """A coroutine that finishes `continuation`, for `create_task`, which wants one."""
+    await continuation

@@ -20,7 +20,6 @@ the document is freed anyway.
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +30,7 @@ from server import tracing
 from server.agent import history
 from server.agent.environment import RunEnvironment
 from server.agent.lease import RunLease
+from server.agent.publishing import PublishFailed, publish_retrying, try_publish
 from server.agent.run_state import RunState
 from server.agent.steps import (
     ArmTimer,
@@ -55,15 +55,16 @@ from server.agent.steps import (
     StopWork,
     TimerFired,
 )
+from server.agent.timers import RunTimers
 from server.agent.tools import ToolBox
 from server.agent.work import model_turn, new_ref, now_ms, server_tool
-from server.backends.base import BackendUnavailable, UnloggableEvent
+from server.backends.base import BackendUnavailable
 from server.connection import Peer
-from server.continuation import Continuation
+from server.continuation import Continuation, finish
 from server.ports import EventLog
 
 logger = logging.getLogger("cowrite.agent")
-PUBLISH_RETRY_MAX_S = 1.0
+_Work = Coroutine[Any, Any, None]  # an effect's I/O, awaited by the driver
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +89,7 @@ class RunDriver:
         self._model_due: RunState | None = None  # a model turn to start eagerly
         self._tool_task: asyncio.Task[None] | None = None
         self._renewal: asyncio.Task[None] | None = None
-        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._timers = RunTimers(self._timer_fired)
         self._parts: list[str] = []  # text the current message streamed so far
         self._released = False
         self._main: asyncio.Task[None] | None = None
@@ -152,7 +153,7 @@ class RunDriver:
     async def _last_resort(self) -> None:
         """However the driver ended, the run has its `run.finished`, the document is
         free and waiters are answered."""
-        self._disarm("*")
+        self._timers.disarm("*")
         if self._started is not None and not self._started.done():
             self._started.set_result(False)
             self._released = True
@@ -206,13 +207,11 @@ class RunDriver:
         return committed
 
     def _start_model_eagerly(self, state: RunState) -> None:
-        """Run the model turn in this task until it first has to wait, and only then
-        hand it to a child task (as Python 3.12's eager tasks do). A scripted turn
-        that asks for a tool never waits: its `ModelFinished` is in the inbox when
-        this returns and is decided next, with no task created and no trip through
-        the event loop. Only for models that say their turns are safe to start so
-        (`eager_turns`): one that enters `asyncio.timeout` or an anyio cancel scope
-        before its first wait would bind it to this task instead of the child."""
+        """Run the model turn in this task until it first waits, then hand it to a
+        child task (as 3.12's eager tasks do): a scripted turn that asks for a tool
+        never waits, so its `ModelFinished` is decided next with no task and no trip
+        through the loop. Only for models whose turns allow it (`eager_turns`): an
+        `asyncio.timeout` entered before the first wait would bind to this task."""
         self._model_due = None
         coroutine = self._guarded(self._model_call(state))
         try:
@@ -221,7 +220,7 @@ class RunDriver:
             self._model_task = None
             return
         assert self._group is not None
-        self._model_task = self._group.create_task(_finish(Continuation(coroutine, waiting)))
+        self._model_task = self._group.create_task(finish(Continuation(coroutine, waiting)))
 
     async def _execute(self, decision: Decision, peer: Peer | None) -> bool:
         """Effects before the decision's `Publish`, the publish (the commit point),
@@ -233,13 +232,12 @@ class RunDriver:
                 slot = index
                 break
         if slot > 0:
-            for effect in effects[:slot]:
-                await self._do_safely(effect, peer, decision.state)
+            await self._run_effects(effects[:slot], peer, decision.state)
         if slot >= 0:
             publish = effects[slot]
             assert isinstance(publish, Publish)
             if decision.refusable:
-                problem = await self._try_publish(publish)
+                problem = await try_publish(self.log, publish.events, self.log_extra)
                 if problem is not None:
                     if peer is not None:
                         peer.reply(Error(code=problem[0], message=problem[1],
@@ -249,8 +247,9 @@ class RunDriver:
                     return False
             else:
                 try:
-                    await self._publish(publish.events)
-                except _PublishFailed as failed:
+                    await publish_retrying(self.log, publish.events,
+                                           self.env.settings.run_lease_s / 2, self.log_extra)
+                except PublishFailed as failed:
                     if not decision.state.finished:
                         return await self._apply(Crashed(failed.ref), None)
                     logger.error("the run's end could not be logged (%s)", failed.why,
@@ -259,85 +258,69 @@ class RunDriver:
                     self.state = decision.state
                     return True  # with Redis the lease lapses and a survivor announces it
         self.state = decision.state
-        for effect in effects[slot + 1:]:
-            await self._do_safely(effect, peer, decision.state)
+        await self._run_effects(effects[slot + 1:], peer, decision.state)
         return True
 
-    async def _do_safely(self, effect: Effect, peer: Peer | None, state: RunState) -> None:
-        try:
-            await self._do(effect, peer, state)
-        except Exception:
-            ref = new_ref()
-            logger.exception("run effect %s failed (ref %s)", type(effect).__name__, ref,
-                             extra=self.log_extra)
-            if not state.finished:
-                self.feed(Crashed(ref))
-
-    async def _try_publish(self, effect: Publish) -> tuple[ErrorCode, str] | None:
-        try:
-            await self.log.publish_many(effect.events)
-        except BackendUnavailable:
-            return ErrorCode.UNAVAILABLE, "the shared backend is unavailable; retry shortly"
-        except UnloggableEvent:
-            return ErrorCode.INVALID_MESSAGE, "the message's content cannot be logged " \
-                                              "(nested too deeply?)"
-        except Exception:
-            ref = new_ref()
-            logger.exception("publishing failed (ref %s)", ref, extra=self.log_extra)
-            return ErrorCode.INTERNAL, f"internal error (ref {ref})"
-        return None
-
-    async def _publish(self, events: tuple[Any, ...]) -> None:
-        """Publish a committed decision's events, retrying a backend outage for a while."""
-        deadline = time.monotonic() + self.env.settings.run_lease_s / 2
-        delay = 0.05
-        while True:
+    async def _run_effects(self, effects: tuple[Effect, ...], peer: Peer | None,
+                           state: RunState) -> None:
+        """Each effect in order, found by its exact type (effects are final classes).
+        Most are plain calls; only those doing I/O return a coroutine to await, so a
+        round trip's eight or so effects cost no coroutine each. One that fails ends
+        the run (unless it is over) and the rest still run."""
+        for effect in effects:
             try:
-                await self.log.publish_many(events)
-                return
-            except UnloggableEvent as exc:
+                handler = _EFFECTS.get(type(effect))
+                pending = None if handler is None else handler(self, effect, peer, state)
+                if pending is not None:
+                    await pending
+            except Exception:
                 ref = new_ref()
-                logger.error("an event of the run cannot be logged (ref %s)", ref,
-                             extra=self.log_extra)
-                raise _PublishFailed(ref, "unloggable", exc) from exc
-            except BackendUnavailable as exc:
-                if time.monotonic() > deadline:
-                    raise _PublishFailed(new_ref(), "backend unavailable", exc) from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, PUBLISH_RETRY_MAX_S)
+                logger.exception("run effect %s failed (ref %s)", type(effect).__name__, ref,
+                                 extra=self.log_extra)
+                if not state.finished:
+                    self.feed(Crashed(ref))
 
-    async def _do(self, effect: Effect, peer: Peer | None, state: RunState) -> None:
-        if isinstance(effect, Reply):
-            if peer is not None:
-                peer.reply(effect.message)
-        elif isinstance(effect, Remember):
-            await self._remember(list(effect.entries))
-        elif isinstance(effect, RememberPartial):
-            partial = "".join(self._parts)
-            self._parts = []
-            if partial:
-                await self._remember([history.assistant_entry(
-                    state.run_id, partial, True, state.thread_id, effect.interrupted_by)])
-        elif isinstance(effect, CallModel):
-            if getattr(self.env.llm, "eager_turns", False):
-                self._model_due = state  # started once the decision's effects are done
-            else:
-                self._model_task = self._spawn(self._model_call(state))
-        elif isinstance(effect, RunServerTool):
-            self._tool_task = self._spawn(self._server_tool(effect))
-        elif isinstance(effect, StopWork):
-            self._stop_children(renewal=False)
-        elif isinstance(effect, ArmTimer):
-            self._disarm(effect.key)
-            self._timers[effect.key] = asyncio.get_running_loop().call_later(
-                effect.delay_s, self._timer_fired, effect.key)
-        elif isinstance(effect, DisarmTimer):
-            self._disarm(effect.key)
-        elif isinstance(effect, Checkpoint):
-            if self.lease.shared:  # with one process nobody reads checkpoints
-                await self._checkpoint(state)
-        elif isinstance(effect, Release):
-            await self._release(effect)
+    def _reply(self, effect: Reply, peer: Peer | None, state: RunState) -> None:
+        if peer is not None:
+            peer.reply(effect.message)
+
+    def _remember_entries(self, effect: Remember, peer: Peer | None, state: RunState) -> _Work:
+        return self._remember(list(effect.entries))
+
+    def _remember_partial(self, effect: RememberPartial, peer: Peer | None, state: RunState
+                          ) -> _Work | None:
+        partial = "".join(self._parts)
+        self._parts = []
+        if not partial:
+            return None
+        return self._remember([history.assistant_entry(
+            state.run_id, partial, True, state.thread_id, effect.interrupted_by)])
+
+    def _call_model(self, effect: CallModel, peer: Peer | None, state: RunState) -> None:
+        if getattr(self.env.llm, "eager_turns", False):
+            self._model_due = state  # started once the decision's effects are done
+        else:
+            self._model_task = self._spawn(self._model_call(state))
+
+    def _run_server_tool(self, effect: RunServerTool, peer: Peer | None, state: RunState
+                         ) -> None:
+        self._tool_task = self._spawn(self._server_tool(effect))
+
+    def _stop_work(self, effect: StopWork, peer: Peer | None, state: RunState) -> None:
+        self._stop_children(renewal=False)
+
+    def _arm(self, effect: ArmTimer, peer: Peer | None, state: RunState) -> None:
+        self._timers.arm(effect.key, effect.delay_s)
+
+    def _disarm(self, effect: DisarmTimer, peer: Peer | None, state: RunState) -> None:
+        self._timers.disarm(effect.key)
+
+    def _checkpoint_effect(self, effect: Checkpoint, peer: Peer | None, state: RunState
+                           ) -> _Work | None:  # with one process nobody reads checkpoints
+        return self._checkpoint(state) if self.lease.shared else None
+
+    def _release_effect(self, effect: Release, peer: Peer | None, state: RunState) -> _Work:
+        return self._release(effect)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> "asyncio.Task[None]":
         assert self._group is not None
@@ -358,15 +341,7 @@ class RunDriver:
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
 
-    def _disarm(self, key: str) -> None:
-        keys = list(self._timers) if key == "*" else [key]
-        for name in keys:
-            handle = self._timers.pop(name, None)
-            if handle is not None:
-                handle.cancel()
-
     def _timer_fired(self, key: str) -> None:
-        self._timers.pop(key, None)
         if key == "grace" and self.env.registry.remote:
             self._spawn(self._confirm_gone())  # the executor may be on another instance
             return
@@ -380,8 +355,7 @@ class RunDriver:
         except BackendUnavailable:
             elsewhere = True  # do not end a run because the backend blinked
         if elsewhere and not self.state.finished:
-            self._timers["grace"] = asyncio.get_running_loop().call_later(
-                self.env.settings.client_grace_s, self._timer_fired, "grace")
+            self._timers.start("grace", self.env.settings.client_grace_s)
         else:
             self.feed(TimerFired("grace"))
 
@@ -414,12 +388,10 @@ class RunDriver:
         self.feed(await server_tool(self.state, self.env.tools, effect))
 
 
-async def _finish(continuation: Continuation) -> None:
-    await continuation
-
-
-class _PublishFailed(Exception):
-    def __init__(self, ref: str, why: str, cause: Exception) -> None:
-        super().__init__(why)
-        self.ref, self.why, self.cause = ref, why, cause
-
+_EFFECTS: dict[type[Any], Callable[[RunDriver, Any, Peer | None, RunState], _Work | None]] = {
+    Reply: RunDriver._reply, Remember: RunDriver._remember_entries,
+    RememberPartial: RunDriver._remember_partial, CallModel: RunDriver._call_model,
+    RunServerTool: RunDriver._run_server_tool, StopWork: RunDriver._stop_work,
+    ArmTimer: RunDriver._arm, DisarmTimer: RunDriver._disarm,
+    Checkpoint: RunDriver._checkpoint_effect, Release: RunDriver._release_effect,
+}
