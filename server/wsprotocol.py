@@ -24,38 +24,7 @@ from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
-
-class Inbox:
-    """The part of `asyncio.Queue` uvicorn's protocol uses (`put_nowait`,
-    `get`, `empty`), for its one consumer, the app's `receive`: a list, and a
-    future while that consumer waits. uvicorn pauses reading once a message is
-    queued, so the list stays short."""
-
-    __slots__ = ("_items", "_waiter")
-
-    def __init__(self) -> None:
-        self._items: list[Any] = []
-        self._waiter: asyncio.Future[None] | None = None
-
-    def put_nowait(self, item: Any) -> None:
-        self._items.append(item)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def empty(self) -> bool:
-        return not self._items
-
-    async def get(self) -> Any:
-        if self._waiter is not None:
-            raise RuntimeError("Inbox.get: another receive is already waiting")
-        while not self._items:
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        return self._items.pop(0)
+from server.inbox import Inbox as Inbox  # re-exported: it was defined here
 
 
 class Flag:

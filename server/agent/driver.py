@@ -61,6 +61,7 @@ from server.agent.work import model_turn, new_ref, now_ms, server_tool
 from server.backends.base import BackendUnavailable
 from server.connection import Peer
 from server.continuation import Continuation, finish
+from server.inbox import Inbox
 from server.ports import EventLog
 
 logger = logging.getLogger("cowrite.agent")
@@ -83,7 +84,7 @@ class RunDriver:
         self.toolbox = toolbox
         self.lease = RunLease(env)
         self._on_finished = on_finished
-        self._inbox: asyncio.Queue[_Envelope] = asyncio.Queue()
+        self._inbox = Inbox()  # of _Envelope; one reader: the driver's task
         self._group: asyncio.TaskGroup | None = None
         self._model_task: asyncio.Task[None] | None = None
         self._model_due: RunState | None = None  # a model turn to start eagerly
@@ -140,7 +141,7 @@ class RunDriver:
                 if self.env.registry.remote:
                     self._renewal = self._spawn(self._renew())
                 while not self.state.finished:
-                    envelope = await self._inbox.get()
+                    envelope: _Envelope = await self._inbox.get()
                     applied = await self._apply(envelope.event, envelope.peer)
                     if envelope.done is not None and not envelope.done.done():
                         envelope.done.set_result(applied)
