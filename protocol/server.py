@@ -122,6 +122,17 @@ class Ack(WireModel):
     status: str | None = None
     """E.g. the run's status for `run.start`, `accepted` for `tool.result`."""
 
+    def to_wire(self) -> dict[str, Any]:
+        """`WireModel.to_wire`, by hand: every field is a string, a bool or None, so
+        the JSON form is the values themselves, in field order (an ack answers every
+        `tool.result`; this is a fifth of `model_dump`'s cost)."""
+        wire: dict[str, Any] = {"type": self.type}
+        for name in ("reply_to", "run_id", "call_id", "duplicate", "status"):
+            value = getattr(self, name)
+            if value is not None:
+                wire[name] = value
+        return wire
+
 
 class Error(WireModel):
     """A message was refused (sent only to its sender); the connection stays open unless noted."""
