@@ -123,13 +123,11 @@ class Ack(WireModel):
     """E.g. the run's status for `run.start`, `accepted` for `tool.result`."""
 
     def to_wire(self) -> dict[str, Any]:
-        """`WireModel.to_wire`, by hand: every field is a string, a bool or None, so
-        the JSON form is the values themselves, in field order (an ack answers every
-        `tool.result`; this is a fifth of `model_dump`'s cost)."""
+        """`WireModel.to_wire` by hand (fields are strings, bools or None): an ack
+        answers every `tool.result`, and this is a fifth of `model_dump`'s cost."""
         wire: dict[str, Any] = {"type": self.type}
         for name in ("reply_to", "run_id", "call_id", "duplicate", "status"):
-            value = getattr(self, name)
-            if value is not None:
+            if (value := getattr(self, name)) is not None:
                 wire[name] = value
         return wire
 
