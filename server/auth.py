@@ -6,7 +6,7 @@ from a server secret with a fixed label, so a client JWT can never pass as a
 call token or the other way round.
 """
 
-import base64
+import binascii
 import hashlib
 import hmac
 import secrets
@@ -48,6 +48,45 @@ def jwt_problem(exc: jwt.PyJWTError) -> str:
     return "invalid token"
 
 
+_TO_STANDARD = bytes.maketrans(b"-_", b"+/")
+_TO_URLSAFE = bytes.maketrans(b"+/", b"-_")
+
+
+def b64url_encode(data: bytes) -> bytes:
+    """`base64.urlsafe_b64encode(data).rstrip(b"=")`, in two C calls instead of four
+    Python ones (a round trip encodes and decodes a call token three times)."""
+    return binascii.b2a_base64(data, newline=False).translate(_TO_URLSAFE).rstrip(b"=")
+
+
+def b64url_decode(data: bytes) -> bytes:
+    """`base64.urlsafe_b64decode` of unpadded `data`, as lenient (characters outside
+    the alphabet are skipped); raises `binascii.Error`, a `ValueError`."""
+    return binascii.a2b_base64((data + b"=" * (-len(data) % 4)).translate(_TO_STANDARD))
+
+
+class _Hmac:
+    """HMAC-SHA256 under one key, the pads' hash states computed once (RFC 2104):
+    a MAC is then two copies and two updates, half the cost of `hmac.new`, which
+    derives them again for every token."""
+
+    __slots__ = ("_inner", "_outer")
+
+    def __init__(self, key: bytes) -> None:
+        block = hashlib.sha256().block_size
+        if len(key) > block:
+            key = hashlib.sha256(key).digest()
+        key = key.ljust(block, b"\0")
+        self._inner = hashlib.sha256(bytes(byte ^ 0x36 for byte in key))
+        self._outer = hashlib.sha256(bytes(byte ^ 0x5C for byte in key))
+
+    def digest(self, message: bytes) -> bytes:
+        inner = self._inner.copy()
+        inner.update(message)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()
+
+
 def call_token_user(token: str) -> str | None:
     """The user a per-call token was issued to, read without verifying it.
 
@@ -57,7 +96,7 @@ def call_token_user(token: str) -> str | None:
     """
     body = token.split(".", 1)[0].encode()
     try:
-        payload = orjson.loads(base64.urlsafe_b64decode(body + b"=" * (-len(body) % 4)))
+        payload = orjson.loads(b64url_decode(body))
     except (ValueError, orjson.JSONDecodeError):
         return None
     if isinstance(payload, list) and len(payload) == 5 and isinstance(payload[2], str):
@@ -122,6 +161,7 @@ class Authenticator:
                 "with COWRITE_REDIS_URL every instance must sign call tokens with the same key: "
                 "set COWRITE_JWT_SECRET or COWRITE_CALL_TOKEN_SECRET (the same on every instance)")
         self._call_key = hmac.new(root, b"cowrite call-token key v1", hashlib.sha256).digest()
+        self._call_mac = _Hmac(self._call_key)
 
     def verify(self, token: str | None) -> Principal:
         if not token:
@@ -161,19 +201,18 @@ class Authenticator:
         payload = orjson.dumps(
             [grant.run_id, grant.call_id, grant.user_id, grant.document_id, grant.expires_at_ms]
         )
-        body = base64.urlsafe_b64encode(payload).rstrip(b"=")
-        mac = base64.urlsafe_b64encode(self._mac(body)).rstrip(b"=")
-        return (body + b"." + mac).decode()
+        body = b64url_encode(payload)
+        return (body + b"." + b64url_encode(self._call_mac.digest(body))).decode()
 
     def check_call_token(self, token: str, expected: CallGrant, now_ms: int) -> str | None:
         """None when `token` was issued for exactly `expected` and is unexpired; else why not."""
         body, _, mac = token.encode().partition(b".")
         try:
-            given_mac = base64.urlsafe_b64decode(mac + b"=" * (-len(mac) % 4))
-            payload = orjson.loads(base64.urlsafe_b64decode(body + b"=" * (-len(body) % 4)))
+            given_mac = b64url_decode(mac)
+            payload = orjson.loads(b64url_decode(body))
         except (ValueError, orjson.JSONDecodeError):
             return "malformed call token"
-        if not hmac.compare_digest(given_mac, self._mac(body)):
+        if not hmac.compare_digest(given_mac, self._call_mac.digest(body)):
             return "call token signature mismatch"
         want = [expected.run_id, expected.call_id, expected.user_id, expected.document_id]
         if not isinstance(payload, list) or len(payload) != 5 or payload[:4] != want:
@@ -181,6 +220,3 @@ class Authenticator:
         if not isinstance(payload[4], int) or payload[4] < now_ms:
             return "call token expired"
         return None
-
-    def _mac(self, body: bytes) -> bytes:
-        return hmac.new(self._call_key, body, hashlib.sha256).digest()

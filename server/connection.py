@@ -62,8 +62,10 @@ class Connection:
         return self.principal.role == "viewer"
 
     def reply(self, message: WireModel) -> None:
-        wire = message.to_wire()
-        self.outbound.push_frame(str(wire["type"]), message.to_json().decode())
+        # Every server message has a `type` field (a literal default): read it,
+        # rather than dumping the model a second time to find it.
+        self.outbound.push_frame(str(message.type),  # type: ignore[attr-defined]
+                                 message.to_json().decode())
 
     def error(
         self,

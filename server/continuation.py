@@ -8,7 +8,8 @@ passes that future to the writer's task and resumes the coroutine exactly as
 a task would have (a cancellation of the writer is thrown into it).
 """
 
-from collections.abc import Coroutine, Generator
+import asyncio
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 
@@ -39,3 +40,22 @@ class Continuation:
                     waiting = coro.send(value)
                 except StopIteration:
                     return
+
+
+async def finish(continuation: Continuation) -> None:
+    """A coroutine that finishes `continuation`, for `create_task`, which wants one."""
+    await continuation
+
+
+def start_eagerly(coroutine: Coroutine[Any, Any, None],
+                  spawn: "Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]"
+                  ) -> "asyncio.Task[None] | None":
+    """Run `coroutine` in the calling task until it first waits, then hand the rest to a
+    task made by `spawn` (as 3.12's eager tasks do); None when it never waited. Not for a
+    coroutine that enters `asyncio.timeout` before its first wait: the timeout would
+    bind to the calling task."""
+    try:
+        waiting = coroutine.send(None)
+    except StopIteration:
+        return None
+    return spawn(finish(Continuation(coroutine, waiting)))

@@ -49,6 +49,7 @@ from server.services import Services
 from server.session import DocumentSession
 from server.tasks import ExpiryWheel
 from server.transport import TRANSPORT_KEY, finish_close
+from server.wsprotocol import LeanSansIOProtocol
 
 logger = logging.getLogger("cowrite.endpoint")
 DOCUMENT_ID_RE = re.compile(DOCUMENT_ID_PATTERN)
@@ -215,6 +216,7 @@ def _connection(ws: WebSocket, services: Services, session: DocumentSession, hel
         on_sent=metrics.count_sent,
         on_idle=session.on_writer_idle,
         inline=True,  # an idle writer's next frame is sent by its publisher (outbound.py)
+        direct=_direct_write(ws),
     )
     conn = Connection(
         session_id=connection_id, document_id=document_id, client_id=hello.client_id,
@@ -224,6 +226,14 @@ def _connection(ws: WebSocket, services: Services, session: DocumentSession, hel
         "document_id": document_id, "user_id": principal.user_id, "connection_id": connection_id
     }
     return conn
+
+
+def _direct_write(ws: WebSocket) -> LeanSansIOProtocol | None:
+    """The connection's uvicorn protocol when it is ours: it can write a frame without
+    the ASGI layers. Starlette keeps the server's own `receive` (the protocol's bound
+    method; only `send` gets wrapped), so the connection holds nothing more."""
+    protocol = getattr(getattr(ws, "_receive", None), "__self__", None)
+    return protocol if isinstance(protocol, LeanSansIOProtocol) else None
 
 
 async def _leave(services: Services, session: DocumentSession, conn: Connection) -> None:

@@ -61,5 +61,5 @@ def admit(text: str | None, services: Services, conn: Connection, bucket: TokenB
             return CLOSING
         return None
     streak.record_valid()
-    metrics.messages_in.labels(result.type).inc()
+    metrics.count_received(result.type)
     return result

@@ -102,6 +102,7 @@ class Metrics:
             "cowrite_runs_finished", "Runs finished, by status", ["status"], registry=self.registry
         )
         self._sent: dict[str, Any] = {}
+        self._received: dict[str, Any] = {}
         self.abort_latency = Histogram(
             "cowrite_abort_seconds", "editor.change received -> run.finished logged",
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5),
@@ -112,6 +113,14 @@ class Metrics:
         """`cowrite_memory_documents`: documents the memory backend holds (eviction)."""
         Gauge("cowrite_memory_documents", "Documents held by the memory backend",
               registry=self.registry).set_function(count)
+
+    def count_received(self, message_type: str) -> None:
+        """`messages_in{type}` += 1, without a label lookup per message (the types
+        are the protocol's few, and "invalid")."""
+        child = self._received.get(message_type)
+        if child is None:
+            child = self._received[message_type] = self.messages_in.labels(message_type)
+        child.inc()
 
     def count_sent(self, event_type: str) -> None:
         """`messages_out{type}` += 1, without a label lookup per frame."""

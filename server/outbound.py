@@ -22,8 +22,7 @@ the connection; only events that are gone from the log end it (1011).
 Call tokens: a `tool.call` carries the single-use token of its client tool
 call; only connections of the token's user (the run's user) see it. Other
 connections get the frame without `token`, live and on replay alike, because
-both go through `_send_event`. The stripped frame is cached per event, so N
-connections cost one re-encoding.
+both go through `_send_event` (`server.redaction`).
 
 After each batch the writer yields, so one connection's burst never starves
 the others.
@@ -39,27 +38,26 @@ handed to the writer, which finishes it before anything queued after it; a
 send that fails is raised by the writer, in its own task, as if it had sent.
 Everything else (order, seq bookkeeping, gap filling, the bounds) is the
 writer's as before: only the next event in seq order, with nothing queued,
-goes inline.
+goes inline. With `direct` (the endpoint's uvicorn protocol), a frame that can
+be written at once skips the ASGI send (`LeanSansIOProtocol.send_text_now`).
 """
 
 import asyncio
 import logging
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-
-import orjson
+from typing import Protocol
 
 from protocol.codes import CloseCode
-from server.auth import call_token_user
 from server.backends.base import BackendUnavailable, LoggedEvent
 from server.continuation import Continuation
+from server.redaction import frame_for_user
 
 logger = logging.getLogger("cowrite.outbound")
 BATCH = 64
 BACKFILL_RETRY_FIRST_S = 0.05
 BACKFILL_RETRY_MAX_S = 2.0
-REDACTED_CACHE = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,27 +93,12 @@ class _Failed:
     error: Exception
 
 
+class DirectWrite(Protocol):
+    def send_text_now(self, text: str) -> bool: ...
+
+
 _Item = _Frame | LoggedEvent | _Replay | CloseRequest | _Unfinished | _Failed
 Backfill = Callable[[int, int], Awaitable[list[LoggedEvent] | None]]
-
-# frame text -> (token's user, frame without the token); shared by every writer
-_redacted: OrderedDict[str, tuple[str | None, str]] = OrderedDict()
-
-
-def _tool_call_view(frame: str) -> tuple[str | None, str]:
-    """The user a `tool.call` frame's token belongs to, and the frame without it."""
-    cached = _redacted.get(frame)
-    if cached is not None:
-        return cached
-    data = orjson.loads(frame)
-    token = data.pop("token", None)
-    view = (None, frame) if not isinstance(token, str) else (
-        call_token_user(token), orjson.dumps(data).decode())
-    _redacted[frame] = view
-    if len(_redacted) > REDACTED_CACHE:
-        _redacted.popitem(last=False)
-    return view
-
 
 def _size(item: _Item) -> int:
     if isinstance(item, LoggedEvent):
@@ -128,7 +111,7 @@ class Outbound:
     an idle connection holds this object, its deque and no more (the writer
     waits on a plain future created only while it is idle)."""
 
-    __slots__ = ("_abandoned", "_backfill", "_busy", "_held", "_inline", "_max_bytes",
+    __slots__ = ("_abandoned", "_backfill", "_busy", "_direct", "_held", "_inline", "_max_bytes",
                  "_max_events", "_on_idle", "_on_sent", "_queue", "_queued_bytes",
                  "_queued_events", "_send", "_task", "_user_id", "_waiter", "close_request",
                  "sent_seq")
@@ -144,9 +127,11 @@ class Outbound:
         on_sent: Callable[[str], None] = lambda _type: None,
         on_idle: Callable[[], None] = lambda: None,
         inline: bool = False,
+        direct: DirectWrite | None = None,
     ) -> None:
         self._send = send
         self._inline = inline
+        self._direct = direct
         self._max_events = max_events
         self._max_bytes = max_bytes
         self._backfill = backfill
@@ -201,6 +186,12 @@ class Outbound:
         return self._inline and waiter is not None and not waiter.done() and not self._queue
 
     def _send_now(self, text: str, type_: str, seq: int) -> None:
+        direct = self._direct
+        if direct is not None and direct.send_text_now(text):
+            if seq:
+                self.sent_seq = seq
+            self._on_sent(type_)
+            return
         coro = self._send(text)
         if not isinstance(coro, Coroutine):  # not a coroutine function: the writer awaits it
             self._put(_Unfinished(coro, seq, type_))
@@ -315,7 +306,7 @@ class Outbound:
                         return self._lost_track()
                 elif isinstance(item, _Frame):
                     self._queued_bytes -= len(item.text)
-                    await self._send(item.text)
+                    await self._write(item.text)
                     self._on_sent(item.type)
                 elif isinstance(item, _Replay):
                     if not await self._send_replay(item.events):
@@ -358,17 +349,18 @@ class Outbound:
                 delay = min(delay * 2, BACKFILL_RETRY_MAX_S)
 
     def _frame_of(self, event: LoggedEvent) -> str:
-        """The event's frame as this connection may see it (another user's call
-        token removed)."""
-        frame = event.frame
-        if event.type == "tool.call" and '"token"' in frame:
-            owner, stripped = _tool_call_view(frame)
-            if owner != self._user_id:
-                frame = stripped
-        return frame
+        """The event's frame as this connection may see it (`server.redaction`)."""
+        if event.type == "tool.call":
+            return frame_for_user(event.frame, self._user_id)
+        return event.frame
+
+    async def _write(self, text: str) -> None:
+        direct = self._direct
+        if direct is None or not direct.send_text_now(text):
+            await self._send(text)
 
     async def _deliver(self, event: LoggedEvent) -> None:
-        await self._send(self._frame_of(event))
+        await self._write(self._frame_of(event))
         self.sent_seq = event.seq
         self._on_sent(event.type)
 

@@ -210,13 +210,20 @@ class DocumentSession:
                     orjson.dumps(wire)
         except (TypeError, ValueError) as exc:  # an encoder refused the content
             raise UnloggableEvent(str(exc)) from exc
-        async with self._publish_lock:
-            await self._flush_locked()
-            for index, wire in enumerate(wires):
-                try:
-                    await self._append_retrying(wire, retry=index > 0)
-                except (TypeError, ValueError) as exc:
-                    raise UnloggableEvent(str(exc)) from exc
+        if len(wires) == 1 and not self.backend.remote and self._pending is None \
+                and not self._publish_lock.locked():
+            await self._append_all(wires)  # one in-process append never waits: no lock
+        else:
+            async with self._publish_lock:
+                await self._flush_locked()
+                await self._append_all(wires)
+
+    async def _append_all(self, wires: list[dict[str, Any]]) -> None:
+        for index, wire in enumerate(wires):
+            try:
+                await self._append_retrying(wire, retry=index > 0)
+            except (TypeError, ValueError) as exc:
+                raise UnloggableEvent(str(exc)) from exc
 
     async def _append_retrying(self, wire: dict[str, Any], retry: bool) -> None:
         deadline = time.monotonic() + GROUP_RETRY_S

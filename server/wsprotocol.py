@@ -11,7 +11,8 @@ which offer the methods uvicorn calls with a list or a future only while
 someone waits, and drops the response once the handshake is done. Nothing
 else changes: frames, limits, pings, pause/resume of reading and writing are
 uvicorn's own code (measured: 31.7 -> 24.7 KiB per idle connection,
-`python -m bench.run --idle-memory`).
+`python -m bench.run --idle-memory`). `send_text_now` lets the connection's
+writer skip the ASGI layers for a frame that can be written at once.
 
 The swap depends on uvicorn's attribute names, so each part is applied only
 when the attribute has the type expected (an `asyncio.Queue`, an
@@ -23,39 +24,9 @@ import contextlib
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.exceptions import InvalidState
 
-
-class Inbox:
-    """The part of `asyncio.Queue` uvicorn's protocol uses (`put_nowait`,
-    `get`, `empty`), for its one consumer, the app's `receive`: a list, and a
-    future while that consumer waits. uvicorn pauses reading once a message is
-    queued, so the list stays short."""
-
-    __slots__ = ("_items", "_waiter")
-
-    def __init__(self) -> None:
-        self._items: list[Any] = []
-        self._waiter: asyncio.Future[None] | None = None
-
-    def put_nowait(self, item: Any) -> None:
-        self._items.append(item)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def empty(self) -> bool:
-        return not self._items
-
-    async def get(self) -> Any:
-        if self._waiter is not None:
-            raise RuntimeError("Inbox.get: another receive is already waiting")
-        while not self._items:
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        return self._items.pop(0)
+from server.inbox import Inbox as Inbox  # re-exported: it was defined here
 
 
 class Flag:
@@ -109,6 +80,24 @@ class LeanSansIOProtocol(WebSocketsSansIOProtocol):
             self.queue = Inbox()  # type: ignore[assignment]  # the methods uvicorn calls
         if type(self.writable) is asyncio.Event:
             self.writable = Flag(self.writable.is_set())  # type: ignore[assignment]
+
+    def send_text_now(self, text: str) -> bool:
+        """Write a text frame at once, as uvicorn's ASGI `send` would with nothing to
+        wait for: handshake done, no close sent, nothing disconnected, the transport
+        writable. The ASGI path (Starlette's state checks, its exception wrapper,
+        uvicorn's message dispatch) costs more than the frame's own encoding, and a
+        tool round trip writes three. False, having written nothing: the caller goes
+        through `send`, which waits for the transport or raises what it raises."""
+        if not self.handshake_complete or self.disconnected or self.close_sent \
+                or self.initial_response is not None or not self.writable.is_set():
+            return False
+        conn = self.conn
+        try:
+            conn.send_text(text.encode())
+        except InvalidState:  # raised before anything is written
+            return False
+        self.transport.write(b"".join(conn.data_to_send()))
+        return True
 
     def start_keepalive(self) -> None:
         """uvicorn calls this once, as the last step of completing the

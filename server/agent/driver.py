@@ -20,7 +20,6 @@ the document is freed anyway.
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +30,7 @@ from server import tracing
 from server.agent import history
 from server.agent.environment import RunEnvironment
 from server.agent.lease import FencedLog, RunLease
+from server.agent.publishing import PublishFailed, publish_retrying, try_publish
 from server.agent.run_state import RunState
 from server.agent.steps import (
     ArmTimer,
@@ -55,14 +55,17 @@ from server.agent.steps import (
     StopWork,
     TimerFired,
 )
+from server.agent.timers import RunTimers
 from server.agent.tools import ToolBox
 from server.agent.work import model_turn, new_ref, now_ms, server_tool
-from server.backends.base import BackendUnavailable, UnloggableEvent
+from server.backends.base import BackendUnavailable
 from server.connection import Peer
+from server.continuation import start_eagerly
+from server.inbox import Inbox
 from server.ports import EventLog
 
 logger = logging.getLogger("cowrite.agent")
-PUBLISH_RETRY_MAX_S = 1.0
+_Work = Coroutine[Any, Any, None]  # an effect's I/O, awaited by the driver
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,21 +84,19 @@ class RunDriver:
         self.toolbox = toolbox
         self.lease = RunLease(env)
         self._on_finished = on_finished
-        self._inbox: asyncio.Queue[_Envelope] = asyncio.Queue()
+        self._inbox = Inbox()  # of _Envelope; one reader: the driver's task
         self._group: asyncio.TaskGroup | None = None
         self._model_task: asyncio.Task[None] | None = None
+        self._model_due: RunState | None = None  # a model turn to start eagerly
         self._tool_task: asyncio.Task[None] | None = None
         self._renewal: asyncio.Task[None] | None = None
-        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._timers = RunTimers(self._timer_fired)
         self._parts: list[str] = []  # text the current message streamed so far
         self._released = False
         self._main: asyncio.Task[None] | None = None
         self._started: asyncio.Future[bool] | None = None
         self.done = asyncio.Event()
         self.last_live_state: RunState | None = None  # the state when the lease went
-        # A decision's state from its checkpoint until its events are logged: what a
-        # renewal in between shares (not the older committed state, which would undo it).
-        self._announcing: RunState | None = None
 
     @property
     def run_id(self) -> str:
@@ -142,7 +143,7 @@ class RunDriver:
                 if self.env.registry.remote:
                     self._renewal = self._spawn(self._renew())
                 while not self.state.finished:
-                    envelope = await self._inbox.get()
+                    envelope: _Envelope = await self._inbox.get()
                     applied = await self._apply(envelope.event, envelope.peer)
                     if envelope.done is not None and not envelope.done.done():
                         # refused with an answer to its sender counts as dealt with
@@ -156,7 +157,7 @@ class RunDriver:
     async def _last_resort(self) -> None:
         """However the driver ended, the run has its `run.finished`, the document is
         free and waiters are answered."""
-        self._disarm("*")
+        self._timers.disarm("*")
         if self._started is not None and not self._started.done():
             self._started.set_result(False)
             self._released = True
@@ -205,7 +206,18 @@ class RunDriver:
         committed = await self._execute(decision, peer)
         if committed and tracing.active is not None:
             tracing.active.observe(event, decision)
+        if self._model_due is not None:
+            self._start_model_eagerly(self._model_due)
         return committed
+
+    def _start_model_eagerly(self, state: RunState) -> None:
+        """A scripted turn that asks for a tool never waits: its `ModelFinished` is then
+        decided next with no task and no trip through the loop (models whose turns
+        allow it: `eager_turns`)."""
+        self._model_due = None
+        assert self._group is not None
+        self._model_task = start_eagerly(self._guarded(self._model_call(state)),
+                                         self._group.create_task)
 
     async def _execute(self, decision: Decision, peer: Peer | None) -> bool:
         """Effects before the decision's `Publish`, the publish (the commit point),
@@ -216,30 +228,28 @@ class RunDriver:
             if type(effect) is Publish:
                 slot = index
                 break
-        fence = slot >= 0 and self.lease.stale  # stalled: confirm the lease before logging
+        shared = self.lease.shared
+        fence = shared and slot >= 0 and self.lease.stale  # stalled: confirm the lease first
         if slot > 0:
-            for effect in effects[:slot]:
-                if type(effect) is Checkpoint:
-                    fence = True
-                else:
-                    await self._do_safely(effect, peer, decision.state)
-        if fence:
-            self._announcing = decision.state
-            if not await self._checkpoint_held(decision.state):
-                # Another instance took the run over while this one stalled: the decision
-                # is not this instance's to commit (its events would tell a client
-                # something the new owner never learns). The run stops here; the input
-                # goes on to the new owner (`submit` answers False).
-                self._announcing = None
-                await self._apply(LeaseLost(), None)
-                return False
+            before = effects[:slot]
+            if shared and any(type(effect) is Checkpoint for effect in before):
+                fence = True  # the checkpoint is written below, where the lease is checked
+                before = tuple(effect for effect in before if type(effect) is not Checkpoint)
+            await self._run_effects(before, peer, decision.state)
+        if fence and not await self.lease.announce(decision.state):
+            # Another instance took the run over while this one stalled: the decision is
+            # not this instance's to commit (its events would tell a client something the
+            # new owner never learns). The run stops here; the input goes on to the new
+            # owner (`submit` answers False).
+            await self._apply(LeaseLost(), None)
+            return False
         if slot >= 0:
             publish = effects[slot]
             assert isinstance(publish, Publish)
             if decision.refusable:
-                problem = await self._try_publish(publish)
+                problem = await try_publish(self.log, publish.events, self.log_extra)
                 if problem is not None:
-                    self._announcing = None
+                    self.lease.announcing = None
                     if peer is not None:
                         peer.reply(Error(code=problem[0], message=problem[1],
                                          reply_to=decision.reply_to, run_id=self.run_id,
@@ -248,9 +258,10 @@ class RunDriver:
                     return False
             else:
                 try:
-                    await self._publish(publish.events)
-                except _PublishFailed as failed:
-                    self._announcing = None
+                    await publish_retrying(self.log, publish.events,
+                                           self.env.settings.run_lease_s / 2, self.log_extra)
+                except PublishFailed as failed:
+                    self.lease.announcing = None
                     if not decision.state.finished:
                         return await self._apply(Crashed(failed.ref), None)
                     logger.error("the run's end could not be logged (%s)", failed.why,
@@ -258,83 +269,54 @@ class RunDriver:
                     self._released = isinstance(failed.cause, BackendUnavailable)
                     self.state = decision.state
                     return True  # with Redis the lease lapses and a survivor announces it
-        self.state, self._announcing = decision.state, None
-        for effect in effects[slot + 1:]:
-            await self._do_safely(effect, peer, decision.state)
+        self.state, self.lease.announcing = decision.state, None
+        await self._run_effects(effects[slot + 1:], peer, decision.state)
         return True
 
-    async def _do_safely(self, effect: Effect, peer: Peer | None, state: RunState) -> None:
-        try:
-            await self._do(effect, peer, state)
-        except Exception:
-            ref = new_ref()
-            logger.exception("run effect %s failed (ref %s)", type(effect).__name__, ref,
-                             extra=self.log_extra)
-            if not state.finished:
-                self.feed(Crashed(ref))
-
-    async def _try_publish(self, effect: Publish) -> tuple[ErrorCode, str] | None:
-        try:
-            await self.log.publish_many(effect.events)
-        except BackendUnavailable:
-            return ErrorCode.UNAVAILABLE, "the shared backend is unavailable; retry shortly"
-        except UnloggableEvent:
-            return ErrorCode.INVALID_MESSAGE, "the message's content cannot be logged " \
-                                              "(nested too deeply?)"
-        except Exception:
-            ref = new_ref()
-            logger.exception("publishing failed (ref %s)", ref, extra=self.log_extra)
-            return ErrorCode.INTERNAL, f"internal error (ref {ref})"
-        return None
-
-    async def _publish(self, events: tuple[Any, ...]) -> None:
-        """Publish a committed decision's events, retrying a backend outage for a while."""
-        deadline = time.monotonic() + self.env.settings.run_lease_s / 2
-        delay = 0.05
-        while True:
+    async def _run_effects(self, effects: tuple[Effect, ...], peer: Peer | None,
+                           state: RunState) -> None:
+        """Each effect in order, found by its exact type (effects are final classes).
+        Most are plain calls; only those doing I/O return a coroutine to await, so a
+        round trip's eight or so effects cost no coroutine each. One that fails ends
+        the run (unless it is over) and the rest still run."""
+        for effect in effects:
             try:
-                await self.log.publish_many(events)
-                return
-            except UnloggableEvent as exc:
+                handler = _EFFECTS.get(type(effect))
+                pending = None if handler is None else handler(self, effect, peer, state)
+                if pending is not None:
+                    await pending
+            except Exception:
                 ref = new_ref()
-                logger.error("an event of the run cannot be logged (ref %s)", ref,
-                             extra=self.log_extra)
-                raise _PublishFailed(ref, "unloggable", exc) from exc
-            except BackendUnavailable as exc:
-                if time.monotonic() > deadline:
-                    raise _PublishFailed(new_ref(), "backend unavailable", exc) from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, PUBLISH_RETRY_MAX_S)
+                logger.exception("run effect %s failed (ref %s)", type(effect).__name__, ref,
+                                 extra=self.log_extra)
+                if not state.finished:
+                    self.feed(Crashed(ref))
 
-    async def _do(self, effect: Effect, peer: Peer | None, state: RunState) -> None:
-        if isinstance(effect, Reply):
-            if peer is not None:
-                peer.reply(effect.message)
-        elif isinstance(effect, Remember):
-            await self._remember(list(effect.entries))
-        elif isinstance(effect, RememberPartial):
-            partial = "".join(self._parts)
-            self._parts = []
-            if partial:
-                await self._remember([history.assistant_entry(
-                    state.run_id, partial, True, state.thread_id, effect.interrupted_by)])
-        elif isinstance(effect, CallModel):
+    def _reply(self, effect: Reply, peer: Peer | None, state: RunState) -> None:
+        if peer is not None:
+            peer.reply(effect.message)
+
+    def _remember_partial(self, effect: RememberPartial, peer: Peer | None, state: RunState
+                          ) -> _Work | None:
+        partial = "".join(self._parts)
+        self._parts = []
+        if not partial:
+            return None
+        return self._remember([history.assistant_entry(
+            state.run_id, partial, True, state.thread_id, effect.interrupted_by)])
+
+    def _call_model(self, effect: CallModel, peer: Peer | None, state: RunState) -> None:
+        if getattr(self.env.llm, "eager_turns", False):
+            self._model_due = state  # started once the decision's effects are done
+        else:
             self._model_task = self._spawn(self._model_call(state))
-        elif isinstance(effect, RunServerTool):
-            self._tool_task = self._spawn(self._server_tool(effect))
-        elif isinstance(effect, StopWork):
-            self._stop_children(renewal=False)
-        elif isinstance(effect, ArmTimer):
-            self._disarm(effect.key)
-            self._timers[effect.key] = asyncio.get_running_loop().call_later(
-                effect.delay_s, self._timer_fired, effect.key)
-        elif isinstance(effect, DisarmTimer):
-            self._disarm(effect.key)
-        elif isinstance(effect, Checkpoint):
-            if self.lease.shared:  # with one process nobody reads checkpoints
-                await self._checkpoint(state)
-        elif isinstance(effect, Release):
-            await self._release(effect)
+
+    def _spawn_tool(self, effect: RunServerTool) -> None:
+        self._tool_task = self._spawn(self._server_tool(effect))
+
+    def _checkpoint_effect(self, effect: Checkpoint, peer: Peer | None, state: RunState
+                           ) -> _Work | None:  # with one process nobody reads checkpoints
+        return self._checkpoint(state) if self.lease.shared else None
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> "asyncio.Task[None]":
         assert self._group is not None
@@ -350,19 +332,12 @@ class RunDriver:
             self.feed(Crashed(ref))
 
     def _stop_children(self, renewal: bool) -> None:
+        self._model_due = None
         for task in (self._model_task, self._tool_task, self._renewal if renewal else None):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
 
-    def _disarm(self, key: str) -> None:
-        keys = list(self._timers) if key == "*" else [key]
-        for name in keys:
-            handle = self._timers.pop(name, None)
-            if handle is not None:
-                handle.cancel()
-
     def _timer_fired(self, key: str) -> None:
-        self._timers.pop(key, None)
         if key == "grace" and self.env.registry.remote:
             self._spawn(self._confirm_gone())  # the executor may be on another instance
             return
@@ -376,8 +351,7 @@ class RunDriver:
         except BackendUnavailable:
             elsewhere = True  # do not end a run because the backend blinked
         if elsewhere and not self.state.finished:
-            self._timers["grace"] = asyncio.get_running_loop().call_later(
-                self.env.settings.client_grace_s, self._timer_fired, "grace")
+            self._timers.start("grace", self.env.settings.client_grace_s)
         else:
             self.feed(TimerFired("grace"))
 
@@ -392,26 +366,12 @@ class RunDriver:
         if not await self.lease.checkpoint(state):
             self.feed(LeaseLost())
 
-    async def _checkpoint_held(self, state: RunState) -> bool:
-        """Share the state about to be announced (a survivor then knows every call);
-        False when the lease turned out to be another instance's."""
-        if not self.lease.shared:  # with one process nobody reads checkpoints
-            return True
-        try:
-            return await self.lease.checkpoint(state)
-        except Exception:
-            ref = new_ref()
-            logger.exception("checkpoint failed (ref %s)", ref, extra=self.log_extra)
-            if not state.finished:
-                self.feed(Crashed(ref))
-            return True
-
     async def _release(self, effect: Release) -> None:
         await self.lease.release(self.state)
         self._released = True
 
     async def _renew(self) -> None:
-        if await self.lease.keep(lambda: self._announcing or self.state):
+        if await self.lease.keep(lambda: self.lease.announcing or self.state):
             self.feed(LeaseLost())
 
     # -- children: the model and server tools --------------------------------------
@@ -426,8 +386,15 @@ class RunDriver:
         self.feed(await server_tool(self.state, self.env.tools, effect))
 
 
-class _PublishFailed(Exception):
-    def __init__(self, ref: str, why: str, cause: Exception) -> None:
-        super().__init__(why)
-        self.ref, self.why, self.cause = ref, why, cause
-
+_EFFECTS: dict[type[Any], Callable[[RunDriver, Any, Peer | None, RunState], _Work | None]] = {
+    Reply: RunDriver._reply,
+    Remember: lambda driver, effect, peer, state: driver._remember(list(effect.entries)),
+    RememberPartial: RunDriver._remember_partial, CallModel: RunDriver._call_model,
+    RunServerTool: lambda driver, effect, peer, state: driver._spawn_tool(effect),
+    StopWork: lambda driver, effect, peer, state: driver._stop_children(renewal=False),
+    ArmTimer: lambda driver, effect, peer, state: driver._timers.arm(effect.key,
+                                                                     effect.delay_s),
+    DisarmTimer: lambda driver, effect, peer, state: driver._timers.disarm(effect.key),
+    Checkpoint: RunDriver._checkpoint_effect,
+    Release: lambda driver, effect, peer, state: driver._release(effect),
+}

@@ -31,6 +31,10 @@ class RunLease:
         # count (the renewal's and a decision's), and the parts list would be corrupt.
         self._lock = asyncio.Lock()
         self._confirmed = time.monotonic()  # when the lease was last known to be ours
+        # A decision's state from its checkpoint until its events are logged (the driver
+        # clears it): what a renewal in between shares, not the older committed state,
+        # which would undo the checkpoint.
+        self.announcing: RunState | None = None
 
     @property
     def shared(self) -> bool:
@@ -51,6 +55,15 @@ class RunLease:
             return True
         async with self._lock:
             return await self._write(state)
+
+    async def announce(self, state: RunState) -> bool:
+        """Share `state` before the events that announce it (a survivor then knows every
+        call); False when the lease turned out to be another instance's."""
+        self.announcing = state
+        if await self.checkpoint(state):
+            return True
+        self.announcing = None
+        return False
 
     async def _write(self, state: RunState) -> bool:
         record = state.to_record(self.env.instance_id)

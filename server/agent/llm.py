@@ -6,8 +6,8 @@ run loop consumes `stream()` as an async iterator; cancelling the consuming
 task closes the iterator, which must close the upstream request at once.
 """
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from protocol.client import RunContext, ToolSpec
@@ -35,11 +35,13 @@ class UsageChunk:
 ModelChunk = TextChunk | ToolCallRequest | UsageChunk
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ModelRequest:
-    """Everything one model call sees."""
+    """Everything one model call sees. Sequences, not lists: the run's own tuples are
+    handed over as they are (they grow with every call of a run; copying them per
+    model turn cost more than the rest of the request)."""
 
-    messages: list[dict[str, Any]]
+    messages: Sequence[dict[str, Any]]
     tools: list[dict[str, Any]]  # OpenAI `tools` entries; empty = no tools offered
     model: str
     # What the scripted model reads; a real model only sees `messages`.
@@ -47,8 +49,8 @@ class ModelRequest:
     step: int = 0
     prompt: str = ""
     context: RunContext | None = None
-    client_tools: list[ToolSpec] = field(default_factory=list)
-    tool_results: list[dict[str, Any]] = field(default_factory=list)
+    client_tools: Sequence[ToolSpec] = ()
+    tool_results: Sequence[dict[str, Any]] = ()
 
 
 UpstreamKind = Literal["rate_limited", "auth", "bad_request", "server_error", "timeout",

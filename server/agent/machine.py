@@ -46,12 +46,15 @@ from server.agent.run_state import (
     unique_call_ids,
 )
 from server.agent.steps import (
+    CALL_MODEL,
+    CHECKPOINT,
+    DISARM_ALL,
+    DISARM_GRACE,
+    STOP_WORK,
     ApprovalAnswer,
     ArmTimer,
     Begin,
-    CallModel,
     Cancel,
-    Checkpoint,
     ClientToolResult,
     Crashed,
     Decision,
@@ -73,7 +76,6 @@ from server.agent.steps import (
     Resume,
     RunServerTool,
     ServerToolFinished,
-    StopWork,
     TimerFired,
     refuse,
     repeat_reply,
@@ -121,8 +123,8 @@ class RunMachine:
     def _call_model(self, state: RunState, out: EffectList) -> RunState:
         step = state.step + 1
         if self.config.checkpoint_steps:  # a checkpoint per model step (section 13)
-            out.do(Checkpoint())
-        out.do(CallModel())
+            out.do(CHECKPOINT)
+        out.do(CALL_MODEL)
         if state.edits:  # tell the model what people changed since its last request
             note = {"role": "user", "content": changes_note(state.edits)}
             state = state.evolve(messages=(*state.messages, note), edits=())
@@ -200,7 +202,7 @@ class RunMachine:
         if executor == "server":
             state = state.evolve(current=PendingCall(call_id, name, arguments, "tool", "server",
                                                        0), status="running")
-            out.do(Checkpoint())
+            out.do(CHECKPOINT)
             out.publish(ToolCall(run_id=state.run_id, call_id=call_id, name=name,
                                  arguments=arguments, executor="server",
                                  document_version=state.document_version))
@@ -220,7 +222,7 @@ class RunMachine:
         """Wait on `pending`: recorded (checkpoint) before it is announced."""
         status: RunStatus = "waiting_approval" if pending.kind == "approval" else "waiting_tool"
         state = state.evolve(current=pending, status=status)
-        out.do(Checkpoint())
+        out.do(CHECKPOINT)
         out.publish(announcement)
         out.do(ArmTimer(pending.timer, timeout_s))
         if not state.executor_present:
@@ -228,7 +230,7 @@ class RunMachine:
         return state
 
     def _close(self, state: RunState, out: EffectList, pending: PendingCall) -> RunState:
-        out.do(DisarmTimer(pending.timer), DisarmTimer("grace"))
+        out.do(DisarmTimer(pending.timer), DISARM_GRACE)
         return state.evolve(current=None, status="running")
 
     def _record(self, state: RunState, out: EffectList, call_id: str, name: str,
@@ -268,7 +270,7 @@ class RunMachine:
         out.publish(ToolDone(run_id=state.run_id, call_id=current.call_id, status=shown.status,
                              output=shown.output, error=shown.error))
         state = self._close(state, out, current)
-        out.do(Checkpoint())
+        out.do(CHECKPOINT)
         return self._advance(self._record(state, out, current.call_id, current.name, told),
                              out, at_ms)
 
@@ -330,7 +332,7 @@ class RunMachine:
     # -- endings ------------------------------------------------------------------
     def _lease_lost(self, state: RunState, event: LeaseLost, out: EffectList) -> RunState:
         # Another instance announced the end (server_lost): stop without a word.
-        out.do(StopWork(), DisarmTimer("*"))
+        out.do(STOP_WORK, DISARM_ALL)
         return state.evolve(phase="finished", status="aborted", current=None, queue=(),
                        ending=Ending("aborted", "server_lost"))
 
@@ -364,7 +366,7 @@ class RunMachine:
         if event.present == state.executor_present:
             return state
         if event.present:
-            out.do(DisarmTimer("grace"))
+            out.do(DISARM_GRACE)
         elif state.waiting_on_executor:
             out.do(ArmTimer("grace", self.config.client_grace_s))
         return state.evolve(executor_present=event.present)
@@ -372,7 +374,7 @@ class RunMachine:
     def _finish(self, state: RunState, out: EffectList, ending: Ending) -> RunState:
         """The one place a run ends: cancel what is in flight, settle the pending call,
         keep interrupted text, log `run.finished`, free the document."""
-        out.do(StopWork(), DisarmTimer("*"))
+        out.do(STOP_WORK, DISARM_ALL)
         if ending.status != "completed":
             out.do(RememberPartial(ending.reason or ending.status))
         current = state.current

@@ -12,7 +12,7 @@ from typing import Any
 
 from protocol.server import MessageDiscarded, RunResumed
 from server.agent.run_state import RunState, ToolOutcome
-from server.agent.steps import ArmTimer, CallModel, Checkpoint, EffectList, Resume, RunServerTool
+from server.agent.steps import CALL_MODEL, CHECKPOINT, ArmTimer, EffectList, Resume, RunServerTool
 
 INTERRUPTED = {"message": "interrupted: the server running this tool was lost; it was not "
                           "run again", "code": "interrupted"}
@@ -22,12 +22,12 @@ def resume_run(machine: Any, state: RunState, event: Resume, out: EffectList) ->
     config = machine.config
     out.publish(RunResumed(run_id=state.run_id, step=state.step, reason=event.reason))
     left_ms = state.started_ms + int(config.run_timeout_s * 1000) - event.at_ms
-    out.do(Checkpoint(), ArmTimer("run", max(0, left_ms) / 1000))
+    out.do(CHECKPOINT, ArmTimer("run", max(0, left_ms) / 1000))
     current = state.current
     if state.phase == "model":
         if event.text_sent and state.message_id is not None:
             out.publish(MessageDiscarded(run_id=state.run_id, message_id=state.message_id))
-        out.do(CallModel())
+        out.do(CALL_MODEL)
         return state.evolve(resumes=state.resumes + 1,
                        message_id=f"{state.run_id}:m{state.step}.r{state.resumes + 1}")
     if current is not None and current.executor == "server" and current.kind == "tool":

@@ -140,13 +140,12 @@ class RunState:
         it several times: it was half of the machine's time per tool round trip.
         Unknown names are refused as `replace` refuses them; the values are not
         checked by mypy here, so the machine's property tests carry that weight."""
-        unknown = changes.keys() - _FIELD_NAMES
-        if unknown:
-            raise TypeError(f"RunState has no field(s) {sorted(unknown)}")
-        new = object.__new__(RunState)
-        attributes = new.__dict__
-        attributes.update(self.__dict__)
+        if not changes.keys() <= _FIELD_NAMES:
+            raise TypeError(f"RunState has no field(s) {sorted(changes.keys() - _FIELD_NAMES)}")
+        attributes = self.__dict__.copy()  # a copy of a whole dict is one memcpy
         attributes.update(changes)
+        new = object.__new__(RunState)
+        object.__setattr__(new, "__dict__", attributes)
         return new
 
     # -- derived views --------------------------------------------------------
@@ -216,11 +215,11 @@ def unique_call_ids(used: frozenset[str], calls: tuple[ModelCall, ...], step: in
                     ) -> tuple[ModelCall, ...]:
     """The model's call ids when usable; deterministic fresh ones when missing, too
     long or reused (a call id names one call for the whole run)."""
-    seen = set(used)
+    seen: set[str] = set()  # this turn's; `used` is not copied (it grows with the run)
     fixed = []
     for index, call in enumerate(calls):
         call_id = call.call_id
-        if not call_id or len(call_id) > 64 or call_id in seen:
+        if not call_id or len(call_id) > 64 or call_id in used or call_id in seen:
             call_id = f"call_s{step}_{index}"
         seen.add(call_id)
         fixed.append(call if call_id == call.call_id else replace(call, call_id=call_id))

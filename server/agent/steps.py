@@ -213,6 +213,15 @@ class Release:
     status: FinishedStatus
 
 
+# The effects without a variable part, made once: a round trip asks for four checkpoints,
+# a model call and a grace timer's end, and each frozen dataclass costs as much to make
+# as a small dict (values compare equal, so nothing can tell them from new ones).
+CHECKPOINT = Checkpoint()
+CALL_MODEL = CallModel()
+STOP_WORK = StopWork()
+DISARM_GRACE = DisarmTimer("grace")
+DISARM_ALL = DisarmTimer("*")
+
 Effect = (Publish | Reply | Remember | RememberPartial | CallModel | RunServerTool | StopWork
           | ArmTimer | DisarmTimer | Checkpoint | Release)
 
@@ -281,12 +290,12 @@ class EffectList:
         for effect in self._effects:
             if effect is None:
                 if self._checkpoint:
-                    out.append(Checkpoint())
+                    out.append(CHECKPOINT)
                 out.append(group)
             else:
                 out.append(effect)
         if self._checkpoint and self._slot is None:
-            out.append(Checkpoint())
+            out.append(CHECKPOINT)
         return tuple(out)
 
 

@@ -19,6 +19,9 @@ from protocol.client import ToolSpec
 from server.ports import ServerTools
 
 SCHEMA_CHECKS_CACHED = 512
+VERDICTS_KEPT = 64  # per run
+VERDICT_MAX_CHARS = 1024
+_UNKNOWN: Any = object()
 # canonical schema JSON -> why it is not a valid object schema (None: it is).
 # Editors declare the same few tools on every run.start, and the metaschema
 # check costs ~0.2 ms per tool (the largest share of admitting a run), so its
@@ -89,6 +92,16 @@ class ToolBox:
             name: jsonschema.Draft202012Validator(tool.parameters)
             for name, tool in self.client.items()
         }
+        # (tool, raw arguments) -> the schema's verdict: a model repeats the same calls
+        # (`{}` for a read) and jsonschema's walk is most of checking one.
+        self._verdicts: dict[tuple[str, str], str | None] = {}
+
+    def _schema_verdict(self, name: str, arguments: dict[str, Any]) -> str | None:
+        errors = sorted(self._validators[name].iter_errors(arguments), key=lambda e: e.path)
+        if errors:
+            where = "/".join(str(p) for p in errors[0].absolute_path) or "(arguments)"
+            return f"invalid arguments for {name} at {where}: {errors[0].message}"
+        return None
 
     def openai_tools(self) -> list[dict[str, Any]]:
         """The tools as the model is offered them: built once per run, not per turn."""
@@ -122,14 +135,18 @@ class ToolBox:
             return f"arguments of {name} are nested too deeply"
         extra_approval = name in self._approval
         if name in self.client:
-            try:
-                errors = sorted(self._validators[name].iter_errors(arguments),
-                                key=lambda e: e.path)
-            except RecursionError:
-                return f"arguments of {name} are nested too deeply"
-            if errors:
-                where = "/".join(str(p) for p in errors[0].absolute_path) or "(arguments)"
-                return f"invalid arguments for {name} at {where}: {errors[0].message}"
+            key = (name, raw_arguments) if isinstance(raw_arguments, str) and \
+                len(raw_arguments) <= VERDICT_MAX_CHARS else None
+            problem = self._verdicts.get(key, _UNKNOWN) if key is not None else _UNKNOWN
+            if problem is _UNKNOWN:
+                try:
+                    problem = self._schema_verdict(name, arguments)
+                except RecursionError:
+                    return f"arguments of {name} are nested too deeply"
+                if key is not None and len(self._verdicts) < VERDICTS_KEPT:
+                    self._verdicts[key] = problem
+            if problem is not None:
+                return str(problem)
             return CheckedCall(name, arguments, "client",
                                self.client[name].requires_approval or extra_approval)
         assert self._catalog is not None

@@ -55,11 +55,11 @@ async def model_turn(state: RunState, llm: LLM, log: EventLog, toolbox: ToolBox,
                      parts: list[str]) -> Input:
     """Call the model once; `parts` collects the streamed text (for an interrupted end)."""
     request = ModelRequest(
-        messages=list(state.messages),
+        messages=state.messages,
         tools=toolbox.openai_tools() if state.mode == "agent" and not state.json_tools else [],
         model=state.model, run_id=state.run_id, step=state.step - 1, prompt=state.prompt,
-        context=state.context, client_tools=list(state.client_tools),
-        tool_results=list(state.tool_results))
+        context=state.context, client_tools=state.client_tools,
+        tool_results=state.tool_results)
     usage: dict[str, int] = {}
     calls: list[ToolCallRequest] = []
     streamed = not state.json_tools and state.message_id is not None

@@ -1,0 +1,59 @@
+"""The client tool round trip alone, for work on it: `python -m bench.roundtrip`.
+
+Prints the p50 of cowrite's round trip (`tool.result` sent -> next `tool.call`)
+beside the bare app's echo and its three-frame answer, measured alternately in
+one invocation (servers pinned as `make bench` pins them; the median of the
+repetitions' p50s). `--callgrind` instead counts the server's instructions per
+round trip under valgrind (`bench.tracing`'s harness, tracing off): slower, but
+the count does not depend on what else the machine runs. Neither writes README;
+`make bench`'s row stays the figure of record.
+"""
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+
+from bench import runs, tracing
+from bench.common import CLIENT_CORE, percentile, pin, server_process
+
+
+async def p50s(calls: int, reps: int) -> dict[str, float]:
+    got: dict[str, list[float]] = {"cowrite": [], "echo": [], "three_frames": []}
+    async with server_process("cowrite") as cowrite, server_process("bare") as bare:
+        await runs.tool_round_trips(cowrite, 100, "warm")
+        await runs.ping_pongs(bare, 100)
+        for rep in range(reps):
+            trips = await runs.tool_round_trips(cowrite, calls, f"trips-{rep}")
+            got["cowrite"].append(percentile(trips, 50) * 1000)
+            got["echo"].append(percentile(await runs.ping_pongs(bare, calls), 50) * 1000)
+            got["three_frames"].append(
+                percentile(await runs.bare_tool_round_trips(bare, calls), 50) * 1000)
+    return {name: statistics.median(values) for name, values in got.items()}
+
+
+async def instructions(calls: int) -> float:
+    with tempfile.TemporaryDirectory(prefix="cowrite-rtt-cg-") as directory:
+        async with tracing.callgrind_server("off", directory) as (proc, out):
+            await tracing._round_trips(proc, 20)  # warm-up
+            return await tracing._counted(proc, out, tracing._round_trips, calls)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--callgrind", action="store_true")
+    args = parser.parse_args()
+    if args.callgrind:
+        count = asyncio.run(instructions(min(args.calls, 200)))
+        print(f"server instructions per client tool round trip: {count / 1000:,.0f} k")
+        return
+    pin(0, CLIENT_CORE)
+    m = asyncio.run(p50s(args.calls, args.reps))
+    print(f"tool round trip p50: cowrite {m['cowrite']:.0f} us, bare echo {m['echo']:.0f} us "
+          f"({m['cowrite'] / m['echo']:.2f}x), bare three frames {m['three_frames']:.0f} us")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""Logging a decision's events for the run driver, with its two failure policies.
+
+A refusable decision (a client's `tool.result` or `approval`, the start) is
+tried once and a failure becomes the code its sender is answered with; any
+other decision is committed already, so its events are retried through a
+backend outage for a while, like an outbox, and only then fail the run.
+Kept apart from `driver.py` so the driver holds the order of effects only.
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from protocol.codes import ErrorCode
+from server.agent.work import new_ref
+from server.backends.base import BackendUnavailable, UnloggableEvent
+from server.ports import EventLog
+
+logger = logging.getLogger("cowrite.agent")
+PUBLISH_RETRY_MAX_S = 1.0
+
+
+class PublishFailed(Exception):
+    """A committed decision's events could not be logged: `why`, with a `ref` for the log."""
+
+    def __init__(self, ref: str, why: str, cause: Exception) -> None:
+        super().__init__(why)
+        self.ref, self.why, self.cause = ref, why, cause
+
+
+async def try_publish(log: EventLog, events: tuple[Any, ...], extra: Mapping[str, Any]
+                      ) -> tuple[ErrorCode, str] | None:
+    """Log `events` once; None, or the error to answer the sender with."""
+    try:
+        await log.publish_many(events)
+    except BackendUnavailable:
+        return ErrorCode.UNAVAILABLE, "the shared backend is unavailable; retry shortly"
+    except UnloggableEvent:
+        return ErrorCode.INVALID_MESSAGE, "the message's content cannot be logged " \
+                                          "(nested too deeply?)"
+    except Exception:
+        ref = new_ref()
+        logger.exception("publishing failed (ref %s)", ref, extra=extra)
+        return ErrorCode.INTERNAL, f"internal error (ref {ref})"
+    return None
+
+
+async def publish_retrying(log: EventLog, events: tuple[Any, ...], retry_s: float,
+                           extra: Mapping[str, Any]) -> None:
+    """Log a committed decision's events, retrying a backend outage for `retry_s`."""
+    deadline = time.monotonic() + retry_s
+    delay = 0.05
+    while True:
+        try:
+            await log.publish_many(events)
+            return
+        except UnloggableEvent as exc:
+            ref = new_ref()
+            logger.error("an event of the run cannot be logged (ref %s)", ref, extra=extra)
+            raise PublishFailed(ref, "unloggable", exc) from exc
+        except BackendUnavailable as exc:
+            if time.monotonic() > deadline:
+                raise PublishFailed(new_ref(), "backend unavailable", exc) from exc
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, PUBLISH_RETRY_MAX_S)
