@@ -292,10 +292,6 @@ class RunDriver:
                 if not state.finished:
                     self.feed(Crashed(ref))
 
-    def _reply(self, effect: Reply, peer: Peer | None, state: RunState) -> None:
-        if peer is not None:
-            peer.reply(effect.message)
-
     def _remember_partial(self, effect: RememberPartial, peer: Peer | None, state: RunState
                           ) -> _Work | None:
         partial = "".join(self._parts)
@@ -387,7 +383,7 @@ class RunDriver:
 
 
 _EFFECTS: dict[type[Any], Callable[[RunDriver, Any, Peer | None, RunState], _Work | None]] = {
-    Reply: RunDriver._reply,
+    Reply: lambda driver, effect, peer, state: peer.reply(effect.message) if peer else None,
     Remember: lambda driver, effect, peer, state: driver._remember(list(effect.entries)),
     RememberPartial: RunDriver._remember_partial, CallModel: RunDriver._call_model,
     RunServerTool: lambda driver, effect, peer, state: driver._spawn_tool(effect),
