@@ -40,8 +40,13 @@ class WireModel(BaseModel):
     )
 
     def to_wire(self) -> dict[str, Any]:
-        """The JSON object sent on the wire: None fields are omitted."""
-        return self.model_dump(mode="json", exclude_none=True, by_alias=True)
+        """The JSON object sent on the wire: None fields are omitted.
+
+        `model_dump`'s own work, called without its Python wrapper (a third of
+        the cost for a small event, and every logged event is dumped once)."""
+        wire: dict[str, Any] = self.__pydantic_serializer__.to_python(
+            self, mode="json", exclude_none=True, by_alias=True)
+        return wire
 
     def to_json(self) -> bytes:
         return orjson.dumps(self.to_wire())

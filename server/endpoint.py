@@ -40,7 +40,7 @@ from protocol.codes import CloseCode, ErrorCode
 from protocol.parsing import ParseFailure, decode_frame, peek_reply_to, validate_message
 from protocol.server import Error, Pong
 from server.auth import AuthError, Principal
-from server.backends.base import BackendUnavailable, cancel_requested
+from server.backends.base import BackendUnavailable
 from server.connection import Connection
 from server.inbound import Closing, admit, too_large
 from server.limits import HandshakeGate, InvalidStreak, TokenBucket
@@ -282,7 +282,9 @@ async def _live(ws: WebSocket, services: Services, conn: Connection,
         bucket = TokenBucket(settings.rate_messages_per_s, settings.rate_messages_per_s * 2)
         streak = InvalidStreak(settings.max_invalid_messages)
         try:
-            while not cancel_requested():  # a cancel lost in a Redis write must still end it
+            # `task.cancelling()` is `cancel_requested()` (this is the running task) without
+            # a `current_task` lookup per frame: a cancel lost in a Redis write must end it
+            while not task.cancelling():
                 received = await ws.receive()
                 if received["type"] == "websocket.disconnect":
                     break

@@ -74,9 +74,56 @@ def configure_logging(json_lines: bool, level: str) -> None:
     logger.propagate = False
 
 
+class _Tally:
+    """Per-label counts kept as plain ints and added to their `Counter`'s children
+    when the registry is collected (a scrape): `Counter.inc` takes a lock and
+    walks two objects, and a busy connection counts every frame it sends and
+    receives. A label's child is still created at its first count, so the
+    exposition (its `_created` time included) is what counting at once gives;
+    scrapes run on the event loop's thread, like the counting."""
+
+    def __init__(self, counter: Counter) -> None:
+        self._counter = counter
+        self.counts: dict[str, int] = {}
+        self._children: dict[str, Any] = {}
+
+    def add(self, label: str) -> None:
+        """`counter{label}` += 1, as a plain int until the next scrape."""
+        try:
+            self.counts[label] += 1
+        except KeyError:
+            self._children[label] = self._counter.labels(label)
+            self.counts[label] = 1
+
+    def fold(self) -> None:
+        counts = self.counts
+        for label, count in counts.items():
+            if count:
+                self._children[label].inc(count)
+                counts[label] = 0
+
+
+class _FoldTallies:
+    """A collector with no metrics of its own, registered before the counters:
+    collecting it folds the tallies into them first."""
+
+    def __init__(self, tallies: list[_Tally]) -> None:
+        self._tallies = tallies
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> list[Any]:
+        for tally in self._tallies:
+            tally.fold()
+        return []
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        tallies: list[_Tally] = []
+        self.registry.register(_FoldTallies(tallies))
         self.connections_open = Gauge(
             "cowrite_connections_open", "Open WebSocket connections", registry=self.registry
         )
@@ -101,8 +148,9 @@ class Metrics:
         self.runs = Counter(
             "cowrite_runs_finished", "Runs finished, by status", ["status"], registry=self.registry
         )
-        self._sent: dict[str, Any] = {}
-        self._received: dict[str, Any] = {}
+        self._sent = _Tally(self.messages_out)
+        self._received = _Tally(self.messages_in)
+        tallies += (self._sent, self._received)
         self.abort_latency = Histogram(
             "cowrite_abort_seconds", "editor.change received -> run.finished logged",
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5),
@@ -115,16 +163,9 @@ class Metrics:
               registry=self.registry).set_function(count)
 
     def count_received(self, message_type: str) -> None:
-        """`messages_in{type}` += 1, without a label lookup per message (the types
-        are the protocol's few, and "invalid")."""
-        child = self._received.get(message_type)
-        if child is None:
-            child = self._received[message_type] = self.messages_in.labels(message_type)
-        child.inc()
+        """`messages_in{type}` += 1 (`_Tally`)."""
+        self._received.add(message_type)
 
     def count_sent(self, event_type: str) -> None:
-        """`messages_out{type}` += 1, without a label lookup per frame."""
-        child = self._sent.get(event_type)
-        if child is None:
-            child = self._sent[event_type] = self.messages_out.labels(event_type)
-        child.inc()
+        """`messages_out{type}` += 1 (`_Tally`)."""
+        self._sent.add(event_type)

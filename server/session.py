@@ -27,6 +27,7 @@ from server.backends.base import (
     LoggedEvent,
     ResumeFailure,
     UnloggableEvent,
+    encode_event_body,
 )
 from server.connection import Connection
 from server.outbound import _Frame
@@ -59,6 +60,15 @@ def _member(conn: Connection) -> str:
     return f"{conn.user_id}|{conn.client_id}|{conn.session_id}"
 
 
+def _encoded(event: DurableServerEvent) -> tuple[str, bytes]:
+    """The event's type and its body for the log (`encode_event_body`), or `UnloggableEvent`."""
+    try:
+        wire = event.to_wire()
+    except (TypeError, ValueError) as exc:  # an encoder refused the content
+        raise UnloggableEvent(str(exc)) from exc
+    return str(wire["type"]), encode_event_body(wire)
+
+
 class DocumentSession:
     def __init__(
         self,
@@ -78,6 +88,9 @@ class DocumentSession:
         self._last_delta_at = 0.0
         self._publish_lock = asyncio.Lock()
         self._flush_tasks: set[asyncio.Task[None]] = set()
+        # An in-process log's append as a plain call (`MemoryBackend.append_encoded`).
+        self._append_encoded: Callable[[str, str, bytes], LoggedEvent] | None = \
+            None if backend.remote else getattr(backend, "append_encoded", None)
         self.runs = make_runs(self)
 
     # -- membership ------------------------------------------------------------
@@ -165,14 +178,9 @@ class DocumentSession:
 
     async def editor_changed(self, conn: Connection, message: EditorChange) -> None:
         await self.runs.on_edit(conn, message)
-        await self.publish(
-            DocumentChanged(
-                document_version=message.document_version,
-                user_id=conn.user_id,
-                client_id=conn.client_id,
-                origin=message.origin,
-            )
-        )
+        await self.publish(DocumentChanged(
+            document_version=message.document_version, user_id=conn.user_id,
+            client_id=conn.client_id, origin=message.origin))
         if message.id is not None:
             conn.ack(message.id)
 
@@ -180,6 +188,8 @@ class DocumentSession:
     def _on_event(self, event: LoggedEvent) -> None:
         for conn in self.connections.values():
             conn.outbound.push_event(event)
+        if event.type == "run.finished":
+            self.runs.saw_run_end(orjson.loads(event.frame)["run_id"])
 
     def _backlogged(self) -> bool:
         for conn in self.connections.values():
@@ -202,7 +212,20 @@ class DocumentSession:
         Either the whole group is logged or, if the first event could not be, none
         of it: every event is encoded before the first is appended, so content the
         log cannot hold is refused up front (`UnloggableEvent`). A backend outage
-        in the middle of a group is retried for a while before giving up."""
+        in the middle of a group is retried for a while before giving up.
+
+        An in-process log appends as plain calls that never wait nor fail midway: each
+        event is encoded once, up front, and logged without a coroutine per append."""
+        append_encoded = self._append_encoded
+        if append_encoded is not None:
+            encoded = [_encoded(event) for event in events]
+            if self._pending is not None or self._publish_lock.locked():
+                async with self._publish_lock:
+                    await self._flush_locked()
+                    self._append_now(append_encoded, encoded)
+            else:
+                self._append_now(append_encoded, encoded)
+            return
         try:
             wires = [event.to_wire() for event in events]
             if len(wires) > 1:
@@ -210,13 +233,14 @@ class DocumentSession:
                     orjson.dumps(wire)
         except (TypeError, ValueError) as exc:  # an encoder refused the content
             raise UnloggableEvent(str(exc)) from exc
-        if len(wires) == 1 and not self.backend.remote and self._pending is None \
-                and not self._publish_lock.locked():
-            await self._append_all(wires)  # one in-process append never waits: no lock
-        else:
-            async with self._publish_lock:
-                await self._flush_locked()
-                await self._append_all(wires)
+        async with self._publish_lock:
+            await self._flush_locked()
+            await self._append_all(wires)
+
+    def _append_now(self, append_encoded: Callable[[str, str, bytes], LoggedEvent],
+                    encoded: list[tuple[str, bytes]]) -> None:
+        for kind, body in encoded:
+            append_encoded(self.document_id, kind, body)
 
     async def _append_all(self, wires: list[dict[str, Any]]) -> None:
         for index, wire in enumerate(wires):

@@ -5,6 +5,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
 from bench.common import Proc
 from tests.cluster_support import FAST_LEASE, cluster, join, seqs, start_run
@@ -237,3 +238,34 @@ async def test_same_client_supersedes_its_run_from_another_instance() -> None:
             new = await same_tab.recv_until(lambda e: e.get("type") == "run.finished"
                                             and e["run_id"] == "x-6")
             assert new["status"] == "completed"
+
+
+async def test_a_tab_told_the_run_ended_is_not_contradicted_by_a_late_welcome() -> None:
+    """The owner frees the run's record only after logging `run.finished`; a tab joining
+    another instance in between must not be shown, as active, a run that instance has
+    already told its other tabs is over. The in-between is recreated by putting the
+    running record back once the run has ended (the race it stands for is rare)."""
+    key = "cw:{doc-1}:active"
+    async with cluster() as (redis, (one, two)), join(one, client_id="tab") as (owner, _), \
+            join(two, sub="bob", client_id="b") as (elsewhere, _):
+        await start_run(owner, script({"tool_calls": [call("read_document")]},
+                                      {"say": "done"}), "x-9")
+        tool_call = await owner.recv_until("tool.call")
+        client = aioredis.Redis(port=redis.port)
+        try:
+            running = await client.get(key)
+            assert running is not None
+            await owner.send({"type": "tool.result", "run_id": "x-9", "token": tool_call["token"],
+                              "call_id": tool_call["call_id"], "output": {"text": "t"}})
+            assert (await elsewhere.recv_until("run.finished"))["run_id"] == "x-9"
+            for _ in range(100):  # the owner's release, then the record as it was before
+                if await client.get(key) is None:
+                    break
+                await asyncio.sleep(0.02)
+            await client.set(key, running)
+            async with join(two, sub="carol", client_id="c") as (_, late):
+                assert late.get("active_run") is None
+            async with join(one, sub="dave", client_id="d") as (_, owners):
+                assert owners.get("active_run") is None  # the owner knows from its driver
+        finally:
+            await client.aclose()

@@ -129,6 +129,9 @@ async def test_a_queued_run_that_cannot_start_still_ends(server: Server) -> None
         await enqueue(bob, script({"say": "never"}), "b-8")
         await enqueue(carol, script({"say": "carol"}), "c-8")
         backend.append = flaky_append  # type: ignore[method-assign]
+        # the session's in-process shortcut bypasses `append`: the outage needs the
+        # general path (the one a Redis backend takes)
+        server.services.hub.sessions["doc-1"]._append_encoded = None
         await answer(alice, tool_call, {"text": "doc"})
         assert (await alice.recv_until(finished("a-8")))["status"] == "completed"
         unstarted = await bob.recv_until(finished("b-8"), timeout=10)

@@ -65,6 +65,8 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
         self._on_idle = on_idle
         self.active: RunDriver | None = None
         self.finished: OrderedDict[str, RunState] = OrderedDict()
+        # runs whose `run.finished` this instance fanned out (of any owner), see `snapshot`
+        self._seen_ended: OrderedDict[str, None] = OrderedDict()
         self._start_lock = asyncio.Lock()
         self._kicks: set[asyncio.Task[None]] = set()
 
@@ -79,13 +81,21 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
         if driver is not None and not driver.state.finished:
             return driver.state.snapshot(for_user)
         record = await self._remote_record()
-        if record is None:
+        if record is None or record.get("run_id") in self._seen_ended:
             return None
         fields = {k: v for k, v in record.items() if k in RunSnapshot.model_fields}
         if for_user != record.get("user_id"):
             fields["pending"] = [{k: v for k, v in item.items() if k != "token"}
                                  for item in fields.get("pending", [])]
         return RunSnapshot.model_validate(fields)
+
+    def saw_run_end(self, run_id: str) -> None:
+        """A `run.finished` passed through this instance's fan-out. Its owner frees the
+        run's record only after logging it, so a tab that joins here in between (after
+        another tab here was told the run ended) must not be shown the run as active."""
+        self._seen_ended[run_id] = None
+        while len(self._seen_ended) > FINISHED_RUNS_KEPT:
+            self._seen_ended.popitem(last=False)
 
     def presence_changed(self) -> None:
         driver = self.active

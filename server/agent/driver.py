@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any
 
 from protocol.codes import ErrorCode
@@ -61,18 +60,11 @@ from server.agent.work import model_turn, new_ref, now_ms, server_tool
 from server.backends.base import BackendUnavailable
 from server.connection import Peer
 from server.continuation import start_eagerly
-from server.inbox import Inbox
+from server.inbox import Envelope, RunInbox
 from server.ports import EventLog
 
 logger = logging.getLogger("cowrite.agent")
 _Work = Coroutine[Any, Any, None]  # an effect's I/O, awaited by the driver
-
-
-@dataclass(frozen=True, slots=True)
-class _Envelope:
-    event: Input
-    peer: Peer | None
-    done: "asyncio.Future[bool] | None"
 
 
 class RunDriver:
@@ -84,7 +76,11 @@ class RunDriver:
         self.toolbox = toolbox
         self.lease = RunLease(env)
         self._on_finished = on_finished
-        self._inbox = Inbox()  # of _Envelope; one reader: the driver's task
+        # of Envelope; one reader: the driver's task (or a sender's turn, see `submit`)
+        self._inbox = RunInbox(lambda sent: self._apply(sent.event, sent.peer, sent),
+                               lambda: not self.state.finished)
+        self._shared = env.registry.remote  # (a class constant) `lease.shared`, as a field
+        self._current: Envelope | None = None  # the last input applied (answered?)
         self._group: asyncio.TaskGroup | None = None
         self._model_task: asyncio.Task[None] | None = None
         self._model_due: RunState | None = None  # a model turn to start eagerly
@@ -110,25 +106,30 @@ class RunDriver:
     async def start(self, peer: Peer | None, reply_to: str | None,
                     resume: Resume | None = None) -> bool:
         """Announce the run (or its takeover); False, with nothing logged, if that failed."""
-        loop = asyncio.get_running_loop()
-        self._started = loop.create_future()
-        first: Input = resume if resume is not None else Begin(now_ms(), reply_to)
-        self._main = loop.create_task(self._serve(first, peer))
+        self._started = self._inbox.future()
+        self._main = asyncio.create_task(self._serve(resume or Begin(now_ms(), reply_to), peer))
         return await asyncio.shield(self._started)
 
     def feed(self, event: Input, peer: Peer | None = None) -> None:
         if not self.done.is_set():
-            self._inbox.put_nowait(_Envelope(event, peer, None))
+            self._inbox.put_nowait(Envelope(event, peer))
 
     async def submit(self, event: Input, peer: Peer | None = None) -> bool:
         """Feed `event` and wait until it was dealt with: applied, or refused with an
         answer to `peer`. False when the run ended first or moved to another instance
-        (then whoever has the run now must get it)."""
+        (then whoever has the run now must get it). Applied in the caller's task when the
+        driver waits idle (memory mode: no `asyncio.timeout` on the way; `RunInbox`)."""
         if self.done.is_set():
             return False
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._inbox.put_nowait(_Envelope(event, peer, future))
-        return await future
+        envelope, group = Envelope(event, peer), self._group
+        if not self._shared and group is not None and not self.state.finished and \
+                self._inbox.take_turn(envelope, group.create_task):
+            if envelope.answer is not None:
+                return envelope.answer
+        else:
+            self._inbox.put_nowait(envelope)
+        envelope.done = self._inbox.future()
+        return await envelope.done
 
     async def _serve(self, begin: Input, peer: Peer | None) -> None:
         try:
@@ -143,11 +144,8 @@ class RunDriver:
                 if self.env.registry.remote:
                     self._renewal = self._spawn(self._renew())
                 while not self.state.finished:
-                    envelope: _Envelope = await self._inbox.get()
-                    applied = await self._apply(envelope.event, envelope.peer)
-                    if envelope.done is not None and not envelope.done.done():
-                        # refused with an answer to its sender counts as dealt with
-                        envelope.done.set_result(applied or self.last_live_state is None)
+                    if (envelope := await self._inbox.take()) is not None:
+                        await self._apply(envelope.event, envelope.peer, envelope)
                 self._stop_children(renewal=True)
         except Exception:
             logger.exception("run driver failed", extra=self.log_extra)
@@ -178,20 +176,21 @@ class RunDriver:
                          extra=self.log_extra)
             with contextlib.suppress(Exception):
                 await self.env.registry.release_run(self.state.document_id, self.run_id)
-        while not self._inbox.empty():
-            envelope = self._inbox.get_nowait()
-            if envelope.done is not None and not envelope.done.done():
-                envelope.done.set_result(False)
+        self._inbox.refuse_all(self._current)  # with the one whose application failed
         self.done.set()
         self._on_finished(self)
 
     # -- applying inputs ------------------------------------------------------------
-    async def _apply(self, event: Input, peer: Peer | None) -> bool:
-        """Decide and execute; True when the decision was committed."""
+    async def _apply(self, event: Input, peer: Peer | None, sent: Envelope | None = None) -> bool:
+        """Decide and execute; True when the decision was committed. The envelope the
+        input was `sent` in is answered then, and a run it ended stops its children."""
+        if sent is not None:
+            self._current = sent
         if isinstance(event, (ModelFinished, ModelUnparseable)):
             self._parts = []
         if isinstance(event, LeaseLost):  # another instance holds the run now: not ours to
             self.last_live_state, self._released = self.state, True  # free or to end
+        decision: Decision | None
         try:
             decision = self.env.machine.decide(self.state, event)
         except Exception:
@@ -201,19 +200,23 @@ class RunDriver:
             if peer is not None:
                 peer.reply(Error(code=ErrorCode.INTERNAL, message=f"internal error (ref {ref})",
                                  reply_to=getattr(event, "reply_to", None), run_id=self.run_id))
-                return False
-            decision = self.env.machine.decide(self.state, Crashed(ref))
-        committed = await self._execute(decision, peer)
-        if committed and tracing.active is not None:
+                decision = None
+            else:
+                decision = self.env.machine.decide(self.state, Crashed(ref))
+        committed = decision is not None and await self._execute(decision, peer)
+        if committed and decision is not None and tracing.active is not None:
             tracing.active.observe(event, decision)
         if self._model_due is not None:
             self._start_model_eagerly(self._model_due)
+        if sent is not None:  # refused with an answer to its sender counts as dealt with
+            sent.settle(committed or self.last_live_state is None)
+            if self.state.finished:  # now, as the driver's loop did, not when a turn ends
+                self._stop_children(renewal=True)
         return committed
 
     def _start_model_eagerly(self, state: RunState) -> None:
         """A scripted turn that asks for a tool never waits: its `ModelFinished` is then
-        decided next with no task and no trip through the loop (models whose turns
-        allow it: `eager_turns`)."""
+        decided next with no task and no trip through the loop (`eager_turns` models)."""
         self._model_due = None
         assert self._group is not None
         self._model_task = start_eagerly(self._guarded(self._model_call(state)),
@@ -228,19 +231,20 @@ class RunDriver:
             if type(effect) is Publish:
                 slot = index
                 break
-        shared = self.lease.shared
+        shared = self._shared
         fence = shared and slot >= 0 and self.lease.stale  # stalled: confirm the lease first
-        if slot > 0:
+        if slot == 1 and type(effects[0]) is Checkpoint:  # the usual lone one: no coroutine
+            fence = fence or shared  # (written below if shared; with one process, nobody reads it)
+        elif slot > 0:
             before = effects[:slot]
             if shared and any(type(effect) is Checkpoint for effect in before):
                 fence = True  # the checkpoint is written below, where the lease is checked
                 before = tuple(effect for effect in before if type(effect) is not Checkpoint)
             await self._run_effects(before, peer, decision.state)
         if fence and not await self.lease.announce(decision.state):
-            # Another instance took the run over while this one stalled: the decision is
-            # not this instance's to commit (its events would tell a client something the
-            # new owner never learns). The run stops here; the input goes on to the new
-            # owner (`submit` answers False).
+            # Another instance took the run over while this one stalled: the decision is not
+            # this instance's to commit (its events would tell clients what the new owner
+            # never learns). The run stops; the input goes to the new owner (`submit`: False).
             await self._apply(LeaseLost(), None)
             return False
         if slot >= 0:
@@ -296,10 +300,9 @@ class RunDriver:
                           ) -> _Work | None:
         partial = "".join(self._parts)
         self._parts = []
-        if not partial:
-            return None
         return self._remember([history.assistant_entry(
-            state.run_id, partial, True, state.thread_id, effect.interrupted_by)])
+            state.run_id, partial, True, state.thread_id, effect.interrupted_by)]) \
+            if partial else None
 
     def _call_model(self, effect: CallModel, peer: Peer | None, state: RunState) -> None:
         if getattr(self.env.llm, "eager_turns", False):
@@ -312,7 +315,7 @@ class RunDriver:
 
     def _checkpoint_effect(self, effect: Checkpoint, peer: Peer | None, state: RunState
                            ) -> _Work | None:  # with one process nobody reads checkpoints
-        return self._checkpoint(state) if self.lease.shared else None
+        return self._checkpoint(state) if self._shared else None
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> "asyncio.Task[None]":
         assert self._group is not None
@@ -332,9 +335,11 @@ class RunDriver:
         for task in (self._model_task, self._tool_task, self._renewal if renewal else None):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
+        if renewal:  # the run is over: a second cancel would cut a child's cleanup short
+            self._model_task = self._tool_task = self._renewal = None
 
     def _timer_fired(self, key: str) -> None:
-        if key == "grace" and self.env.registry.remote:
+        if key == "grace" and self._shared:
             self._spawn(self._confirm_gone())  # the executor may be on another instance
             return
         self.feed(TimerFired(key))
@@ -373,8 +378,7 @@ class RunDriver:
     # -- children: the model and server tools --------------------------------------
     async def _model_call(self, state: RunState) -> None:
         self._parts = []
-        log = FencedLog(self.log, self.lease, lambda: self.state) if self.lease.shared \
-            else self.log
+        log = FencedLog(self.log, self.lease, lambda: self.state) if self._shared else self.log
         self.feed(await model_turn(state, self.env.llm, log, self.toolbox, self._parts))
 
     async def _server_tool(self, effect: RunServerTool) -> None:
@@ -388,8 +392,7 @@ _EFFECTS: dict[type[Any], Callable[[RunDriver, Any, Peer | None, RunState], _Wor
     RememberPartial: RunDriver._remember_partial, CallModel: RunDriver._call_model,
     RunServerTool: lambda driver, effect, peer, state: driver._spawn_tool(effect),
     StopWork: lambda driver, effect, peer, state: driver._stop_children(renewal=False),
-    ArmTimer: lambda driver, effect, peer, state: driver._timers.arm(effect.key,
-                                                                     effect.delay_s),
+    ArmTimer: lambda driver, effect, peer, state: driver._timers.arm(effect.key, effect.delay_s),
     DisarmTimer: lambda driver, effect, peer, state: driver._timers.disarm(effect.key),
     Checkpoint: RunDriver._checkpoint_effect,
     Release: lambda driver, effect, peer, state: driver._release(effect),

@@ -40,9 +40,11 @@ from server.agent.edits import STALE, changes_note, judge_edit
 from server.agent.resume import resume_run
 from server.agent.run_state import (
     Ending,
+    ModelCall,
     PendingCall,
     RunState,
     ToolOutcome,
+    appended,
     unique_call_ids,
 )
 from server.agent.steps import (
@@ -77,6 +79,8 @@ from server.agent.steps import (
     RunServerTool,
     ServerToolFinished,
     TimerFired,
+    after_end,
+    call_token_problem,
     refuse,
     repeat_reply,
 )
@@ -102,7 +106,7 @@ class RunMachine:
 
     def decide(self, state: RunState, event: Input) -> Decision:
         if state.finished:
-            return self._after_end(state, event)
+            return after_end(state, event)
         out = EffectList()
         state = self._handlers[type(event)](state, event, out)
         return Decision(state, out.effects, reply_to=getattr(event, "reply_to", None),
@@ -152,10 +156,10 @@ class RunMachine:
         calls = unique_call_ids(state.call_ids, event.calls, state.step)
         said = history.assistant_turn(state.json_tools, event.text, event.assistant_content,
                                       [(c.call_id, c.name, c.raw_arguments) for c in calls])
-        state = state.evolve(phase="tools", queue=calls, messages=(*state.messages, said),
-                        terminate_after_tools=event.terminate,
-                        call_ids=state.call_ids | {c.call_id for c in calls})
-        return self._advance(state, out, event.at_ms)
+        state = state.evolve(phase="tools", messages=appended(state.messages, said),
+                             terminate_after_tools=event.terminate,
+                             call_ids=state.call_ids | {c.call_id for c in calls})
+        return self._advance(state, out, event.at_ms, calls)
 
     def _unparseable(self, state: RunState, event: ModelUnparseable, out: EffectList) -> RunState:
         if state.phase != "model":
@@ -174,15 +178,18 @@ class RunMachine:
                                          {"role": "user", "content": event.problem}))
         return self._call_model(state, out)
 
-    def _advance(self, state: RunState, out: EffectList, at_ms: int) -> RunState:
-        """Start the next call of the turn, or call the model again when none is left."""
-        while state.queue:
-            call, rest = state.queue[0], state.queue[1:]
-            state = state.evolve(queue=rest)
+    def _advance(self, state: RunState, out: EffectList, at_ms: int,
+                 queue: tuple[ModelCall, ...] | None = None) -> RunState:
+        """Start the next call of the turn (`queue`, else the state's), or call the model
+        again when none is left. The shorter queue is stored with the next change of
+        the state, not in a copy of its own."""
+        queue = state.queue if queue is None else queue
+        while queue:
+            call, queue = queue[0], queue[1:]
             if call.problem is not None or call.arguments is None:
                 outcome = ToolOutcome("error", error={"message": call.problem or "invalid call",
                                                       "code": "invalid_call"})
-                state = self._record(state, out, call.call_id, call.name, outcome)
+                state = self._record(state, out, call.call_id, call.name, outcome, queue=queue)
                 continue
             if call.requires_approval and call.name not in state.approved_names:
                 timeout_s = self.config.approval_timeout_s
@@ -190,18 +197,20 @@ class RunMachine:
                                       call.executor, at_ms + int(timeout_s * 1000))
                 return self._open(state, out, pending, ApprovalRequested(
                     run_id=state.run_id, call_id=call.call_id, name=call.name,
-                    arguments=call.arguments, expires_at=pending.expires_at), timeout_s)
+                    arguments=call.arguments, expires_at=pending.expires_at), timeout_s,
+                    queue=queue)
             return self._dispatch(state, out, call.call_id, call.name, call.arguments,
-                                  call.executor, at_ms)
+                                  call.executor, at_ms, queue=queue)
         if state.terminate_after_tools:
             return self._finish(state, out, Ending("completed"))
         return self._call_model(state, out)
 
     def _dispatch(self, state: RunState, out: EffectList, call_id: str, name: str,
-                  arguments: dict[str, Any], executor: str, at_ms: int) -> RunState:
+                  arguments: dict[str, Any], executor: str, at_ms: int, **changes: Any
+                  ) -> RunState:
         if executor == "server":
             state = state.evolve(current=PendingCall(call_id, name, arguments, "tool", "server",
-                                                       0), status="running")
+                                                     0), status="running", **changes)
             out.do(CHECKPOINT)
             out.publish(ToolCall(run_id=state.run_id, call_id=call_id, name=name,
                                  arguments=arguments, executor="server",
@@ -215,13 +224,13 @@ class RunMachine:
         return self._open(state, out, pending, ToolCall(
             run_id=state.run_id, call_id=call_id, name=name, arguments=arguments,
             executor="client", client_id=state.client_id, token=token, expires_at=expires_at,
-            document_version=state.document_version), self.config.tool_timeout_s)
+            document_version=state.document_version), self.config.tool_timeout_s, **changes)
 
     def _open(self, state: RunState, out: EffectList, pending: PendingCall,
-              announcement: DurableServerEvent, timeout_s: float) -> RunState:
+              announcement: DurableServerEvent, timeout_s: float, **changes: Any) -> RunState:
         """Wait on `pending`: recorded (checkpoint) before it is announced."""
         status: RunStatus = "waiting_approval" if pending.kind == "approval" else "waiting_tool"
-        state = state.evolve(current=pending, status=status)
+        state = state.evolve(current=pending, status=status, **changes)
         out.do(CHECKPOINT)
         out.publish(announcement)
         out.do(ArmTimer(pending.timer, timeout_s))
@@ -234,15 +243,15 @@ class RunMachine:
         return state.evolve(current=None, status="running")
 
     def _record(self, state: RunState, out: EffectList, call_id: str, name: str,
-                outcome: ToolOutcome) -> RunState:
-        """The model will read this outcome; the history keeps it."""
+                outcome: ToolOutcome, **changes: Any) -> RunState:
+        """The model will read this outcome; the history keeps it (with `changes`: one copy)."""
         content = outcome.for_model()
         message = history.tool_message(state.json_tools, call_id, name, content)
         out.do(Remember((history.tool_entry(state.run_id, call_id, name, content,
                                               state.thread_id),)))
-        return state.evolve(messages=(*state.messages, message), tool_results=(
-            *state.tool_results, {"name": name, "status": outcome.status,
-                                  "output": outcome.output}))
+        return state.evolve(messages=appended(state.messages, message), tool_results=appended(
+            state.tool_results, {"name": name, "status": outcome.status,
+                                 "output": outcome.output}), **changes)
 
     def _client_result(self, state: RunState, event: ClientToolResult, out: EffectList) -> RunState:
         signer, current = self.config.signer, state.current
@@ -250,29 +259,28 @@ class RunMachine:
                 or current.executor != "client":
             out.do(repeat_reply(state, event, signer))
             return state
-        problem = signer.check_call_token(
-            event.token, state.grant(current.call_id, event.user_id, 0), event.at_ms)
+        problem = call_token_problem(signer, state, current, event)
         if problem is not None:
             out.do(refuse(ErrorCode.INVALID_TOKEN, problem, event.reply_to, state.run_id))
             return state
         outcome = told = event.outcome
         if outcome.status == "error" and (outcome.error or {}).get("code") == "stale":
             told = ToolOutcome("error", error={"code": "stale", "message": STALE})
-        state = state.evolve(completed_calls=state.completed_calls | {current.call_id})
-        state = self._settle(state, out, current, outcome, told, event.at_ms)
+        state = self._settle(state, out, current, outcome, told, event.at_ms,
+                             completed_calls=state.completed_calls | {current.call_id})
         out.do(Reply(Ack(reply_to=event.reply_to, run_id=state.run_id, call_id=current.call_id,
                          status="accepted")))  # after the tool.done it confirms
         return state
 
     def _settle(self, state: RunState, out: EffectList, current: PendingCall,
-                shown: ToolOutcome, told: ToolOutcome, at_ms: int) -> RunState:
+                shown: ToolOutcome, told: ToolOutcome, at_ms: int, **changes: Any) -> RunState:
         # `current` ended with `shown` (its tool.done); the model reads `told`; go on.
+        # Closing it (`_close`), recording and `changes` make one copy of the state.
         out.publish(ToolDone(run_id=state.run_id, call_id=current.call_id, status=shown.status,
                              output=shown.output, error=shown.error))
-        state = self._close(state, out, current)
-        out.do(CHECKPOINT)
-        return self._advance(self._record(state, out, current.call_id, current.name, told),
-                             out, at_ms)
+        out.do(DisarmTimer(current.timer), DISARM_GRACE, CHECKPOINT)
+        return self._advance(self._record(state, out, current.call_id, current.name, told,
+                                          current=None, status="running", **changes), out, at_ms)
 
     def _edited(self, state: RunState, event: DocumentEdited, out: EffectList) -> RunState:
         verdict = judge_edit(state, event.user_id, event.origin, event.version, event.summary,
@@ -388,11 +396,3 @@ class RunMachine:
         out.do(Release(ending.status))
         return state.evolve(phase="finished", status=ending.status, current=None, queue=(),
                        ending=ending)
-
-    def _after_end(self, state: RunState, event: Input) -> Decision:
-        """Nothing leaves `finished`; messages about the run learn that it is over."""
-        if not isinstance(event, (ClientToolResult, ApprovalAnswer, Cancel)):
-            return Decision(state)
-        over = f"run {state.run_id!r} has finished"
-        return Decision(state, (refuse(ErrorCode.RUN_NOT_ACTIVE, over, event.reply_to,
-                                       state.run_id),), reply_to=event.reply_to)

@@ -10,7 +10,7 @@ shared store as the run's record (`to_record`).
 """
 
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import orjson
 
@@ -18,6 +18,7 @@ from protocol.client import RunContext, ToolSpec
 from protocol.server import FinishedStatus, PendingItem, RunError, RunSnapshot, RunStatus
 from server.auth import CallGrant
 
+_T = TypeVar("_T")
 Phase = Literal["new", "model", "tools", "finished"]
 TERMINAL: frozenset[str] = frozenset({"completed", "cancelled", "aborted", "failed", "timed_out"})
 # Status order for the "only moves forward" rule: active statuses are peers, terminal ones last.
@@ -209,6 +210,12 @@ def orphan_state(document_id: str, record: dict[str, Any]) -> RunState:
         prompt="", model="", max_steps=0, phase="tools" if current else "model",
         status=status if status in STATUS_RANK and status not in TERMINAL else "running",  # type: ignore[arg-type]
         step=int(record.get("step", 0)), current=current)
+
+
+def appended(items: tuple[_T, ...], item: _T) -> tuple[_T, ...]:
+    """`(*items, item)` at half its cost (unpacking copies through a list first): the
+    run's messages and tool results grow by one per call, and are copied each time."""
+    return items + (item,)  # noqa: RUF005 (measured: the faster form)
 
 
 def unique_call_ids(used: frozenset[str], calls: tuple[ModelCall, ...], step: int

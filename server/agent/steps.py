@@ -7,13 +7,14 @@ free the document. Both are plain frozen values, so the machine can be
 driven by a test exactly as by the driver, with no event loop.
 """
 
+import hmac
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from protocol.base import WireModel
 from protocol.codes import ErrorCode
 from protocol.server import Ack, DurableServerEvent, Error, FinishedStatus, RunError
-from server.agent.run_state import ModelCall, RunState, ToolOutcome
+from server.agent.run_state import ModelCall, PendingCall, RunState, ToolOutcome
 from server.auth import CallGrant
 
 
@@ -226,7 +227,7 @@ Effect = (Publish | Reply | Remember | RememberPartial | CallModel | RunServerTo
           | ArmTimer | DisarmTimer | Checkpoint | Release)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Decision:
     """The new state and what to do. The state is committed only once the decision's
     one `Publish` is logged; if it cannot be, nothing changed: a `refusable` input's
@@ -263,6 +264,8 @@ class EffectList:
     first was published: logging that group is the transition's commit point, so
     effects before it must be harmless if it fails (a checkpoint, the preparations
     of an ending), and everything that depends on the announcement comes after."""
+
+    __slots__ = ("_checkpoint", "_effects", "_events", "_slot")
 
     def __init__(self) -> None:
         self._effects: list[Effect | None] = []
@@ -305,6 +308,26 @@ def refuse(code: ErrorCode, message: str, reply_to: str | None, run_id: str,
                        details=details))
 
 
+def call_token_problem(signer: Signer, state: RunState, current: PendingCall,
+                       event: ClientToolResult) -> str | None:
+    """`signer.check_call_token` of a result for the pending client call `current`.
+
+    `current.token` is the token the run issued for this call: for the run's own
+    run and document, `current.call_id`, the run's user and `current.expires_at`
+    (`RunMachine._dispatch`; checkpoints and records keep it with them). A token
+    byte-equal to it, sent by that user before that deadline, is the case where the
+    full check answers None, at the cost of one comparison instead of two base64
+    decodes, a JSON parse and a MAC. Anything else takes the full check, so a forged,
+    stale or other user's token gets exactly its answer (tests/test_hot_paths_machine)."""
+    token = current.token
+    if token is not None and event.user_id == state.user_id \
+            and event.at_ms <= current.expires_at and event.token.isascii() \
+            and hmac.compare_digest(event.token, token):
+        return None
+    return signer.check_call_token(
+        event.token, state.grant(current.call_id, event.user_id, 0), event.at_ms)
+
+
 def repeat_reply(state: RunState, event: ClientToolResult, signer: Signer) -> Reply:
     """A result for a call the active run is not waiting on: a repeat of an accepted one
     (valid token) is acked `duplicate` (a safe retry changes nothing); anything else is
@@ -318,3 +341,12 @@ def repeat_reply(state: RunState, event: ClientToolResult, signer: Signer) -> Re
         return refuse(ErrorCode.INVALID_TOKEN, problem, event.reply_to, state.run_id)
     return refuse(ErrorCode.CALL_NOT_PENDING, f"call {event.call_id!r} is not pending",
                   event.reply_to, state.run_id)
+
+
+def after_end(state: RunState, event: Input) -> Decision:
+    """Nothing leaves `finished`; messages about the run learn that it is over."""
+    if not isinstance(event, (ClientToolResult, ApprovalAnswer, Cancel)):
+        return Decision(state)
+    over = f"run {state.run_id!r} has finished"
+    return Decision(state, (refuse(ErrorCode.RUN_NOT_ACTIVE, over, event.reply_to,
+                                   state.run_id),), reply_to=event.reply_to)

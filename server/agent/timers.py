@@ -11,11 +11,12 @@ from collections.abc import Callable
 
 
 class RunTimers:
-    __slots__ = ("_fired", "_handles")
+    __slots__ = ("_fired", "_handles", "_loop")
 
     def __init__(self, fired: Callable[[str], None]) -> None:
         self._fired = fired
         self._handles: dict[str, asyncio.TimerHandle] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None  # a run's, looked up once
 
     def arm(self, key: str, delay_s: float) -> None:
         self.disarm(key)
@@ -23,15 +24,21 @@ class RunTimers:
 
     def start(self, key: str, delay_s: float) -> None:
         """Arm `key` without looking for a handle to replace (one that just fired)."""
-        self._handles[key] = asyncio.get_running_loop().call_later(delay_s, self._fire, key)
+        loop = self._loop
+        if loop is None:  # `get_running_loop` costs a syscall (getpid) each time
+            loop = self._loop = asyncio.get_running_loop()
+        self._handles[key] = loop.call_later(delay_s, self._fire, key)
 
     def disarm(self, key: str) -> None:
         """Cancel `key`'s timer; "*" cancels them all."""
-        keys = list(self._handles) if key == "*" else [key]
-        for name in keys:
-            handle = self._handles.pop(name, None)
+        if key != "*":  # three a round trip: no list for one key
+            handle = self._handles.pop(key, None)
             if handle is not None:
                 handle.cancel()
+            return
+        for handle in self._handles.values():
+            handle.cancel()
+        self._handles.clear()
 
     def _fire(self, key: str) -> None:
         self._handles.pop(key, None)

@@ -64,7 +64,7 @@ def _judge_schema(parameters: dict[str, Any]) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CheckedCall:
     name: str
     arguments: dict[str, Any]

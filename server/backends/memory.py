@@ -209,10 +209,14 @@ class MemoryBackend(MemoryInstances):
 
     async def append(self, document_id: str, event: dict[str, Any]) -> LoggedEvent:
         body = encode_event_body(event)  # may raise UnloggableEvent: no seq is taken
+        return self.append_encoded(document_id, str(event["type"]), body)
+
+    def append_encoded(self, document_id: str, kind: str, body: bytes) -> LoggedEvent:
+        """`append` of an event already encoded (`encode_event_body`), as a plain call:
+        it never waits, so a session logs an event without a coroutine per append."""
         log = self._log(document_id)
         seq = log.last_seq + 1
         frame = body.decode() + f',"seq":{seq},"ts":{now_ms()}}}'
-        kind = str(event["type"])
         logged = LoggedEvent(seq, kind, frame)
         log.last_seq = seq
         log.events.append((seq, kind, frame))
