@@ -8,6 +8,8 @@ from tests.browser_support import (  # the `browser` and `dev_server` fixtures, 
 )
 from tests.harness import Server, running_server
 
+pytest_plugins = ["tests.hang_report"]  # asyncio task stacks of a test about to time out
+
 
 @pytest.fixture
 async def server() -> AsyncIterator[Server]:

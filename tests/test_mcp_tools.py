@@ -10,11 +10,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import orjson
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from server.tools.catalog import ToolCatalog
+from server.tools.config import McpServerConfig
+from server.tools.mcp_source import McpConnection, McpTimings
 from tests.harness import free_port
 from tests.mcp_fixture_server import build
 from tests.tool_support import catalog, file_says, tool_context, until
@@ -150,6 +153,35 @@ async def test_server_that_cannot_start_is_reported_and_calls_fail_cleanly() -> 
         assert "/nonexistent" not in result.error["message"]
 
 
+async def test_closing_never_waits_on_a_transport_that_swallows_the_cancellation() -> None:
+    """The SDK's transports run anyio task groups; a cancellation that lands while one
+    is torn down can surface as a connection error instead. Closing still ends."""
+    connection = McpConnection(McpServerConfig(name="stuck", url="http://127.0.0.1:9/mcp"),
+                               McpTimings(connect_timeout_s=0.2, retry_min_s=0.01))
+    connecting = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def transport_that_hides_cancellation() -> AsyncIterator[Any]:
+        connecting.set()
+        try:
+            await asyncio.Event().wait()  # connects forever
+        except asyncio.CancelledError:
+            raise anyio.ClosedResourceError from None
+        yield None  # pragma: no cover
+
+    connection._connect = transport_that_hides_cancellation  # type: ignore[method-assign]
+    await connection.start()  # the first attempt timed out: down, retrying
+    assert not connection.up and connection.problem is not None
+    connecting.clear()
+    await asyncio.wait_for(connecting.wait(), 5)  # now inside a connection attempt
+    supervisor = connection._task
+    assert supervisor is not None
+    async with asyncio.timeout(2) as deadline:
+        await connection.close()
+    assert not deadline.expired()  # the first cancellation was enough
+    assert supervisor.done()  # nothing left reconnecting behind the caller's back
+
+
 # Streamable HTTP ---------------------------------------------------------------
 
 
@@ -175,9 +207,10 @@ class HttpMcp:
                                 lifespan="on", timeout_graceful_shutdown=1)
         self._server = uvicorn.Server(config)
         self._task = asyncio.create_task(self._server.serve())
-        while not self._server.started:
-            assert not self._task.done(), "MCP HTTP server did not start"
-            await asyncio.sleep(0.01)
+        async with asyncio.timeout(20):
+            while not self._server.started:
+                assert not self._task.done(), "MCP HTTP server did not start"
+                await asyncio.sleep(0.01)
 
     async def stop(self) -> None:
         assert self._server is not None and self._task is not None

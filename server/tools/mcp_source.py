@@ -41,6 +41,8 @@ from server.tools.mcp_results import McpTool, convert_listing, tool_output
 
 log = logging.getLogger("cowrite.tools.mcp")
 
+_CLOSE_S = 5.0  # how long close() insists before it gives up on the supervisor task
+
 _CONNECTION_ERRORS = (OSError, anyio.ClosedResourceError, anyio.BrokenResourceError,
                       anyio.EndOfStream)
 
@@ -89,6 +91,7 @@ class McpConnection:
         self._attempted = asyncio.Event()
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
 
     @property
     def up(self) -> bool:
@@ -111,11 +114,28 @@ class McpConnection:
                 await self._attempted.wait()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        """Stop the supervisor, in bounded time.
+
+        The SDK's transports run anyio task groups, and a cancellation that lands
+        while one of them is failing can come out as an ordinary exception (or not
+        at all). So the supervisor also checks `_closing`, and the cancellation is
+        repeated until the task has ended, for at most `_CLOSE_S`: a shutdown or a
+        reload never waits on a server that will not let go.
+        """
+        task, self._task = self._task, None
+        if task is None:
+            return
+        self._closing = True
+        deadline = asyncio.get_running_loop().time() + _CLOSE_S
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.25)
+            if asyncio.get_running_loop().time() > deadline:
+                log.warning("mcp server %s: its connection did not close in %g s; left behind",
+                            self.name, _CLOSE_S)
+                return
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("mcp server %s: supervisor ended with %r", self.name, task.exception())
 
     async def call(self, mcp_name: str, arguments: dict[str, Any]) -> Any:
         """Call one tool; ToolUnavailable when the server is down, ToolError when it says no."""
@@ -155,13 +175,15 @@ class McpConnection:
 
     async def _supervise(self) -> None:
         delay = self.timings.retry_min_s
-        while True:
+        while not self._closing:
             reason = "it closed the connection"
             self._connected = False
             try:
                 await self._session()
             except Exception as exc:  # any failure of the server: restart, never crash
                 reason = describe_failure(exc)
+                if self._closing:
+                    return  # a cancellation the transport turned into an error
                 log.warning("mcp server %s is down (%s); restarting in the background",
                             self.name, reason, exc_info=exc)
             if self._connected:
