@@ -41,7 +41,7 @@ from server.tools.mcp_results import McpTool, convert_listing, tool_output
 
 log = logging.getLogger("cowrite.tools.mcp")
 
-_CLOSE_S = 5.0  # how long close() insists before it gives up on the supervisor task
+_CLOSE_S = 10.0  # how long close() lets the SDK shut a connection down
 
 _CONNECTION_ERRORS = (OSError, anyio.ClosedResourceError, anyio.BrokenResourceError,
                       anyio.EndOfStream)
@@ -116,26 +116,31 @@ class McpConnection:
     async def close(self) -> None:
         """Stop the supervisor, in bounded time.
 
-        The SDK's transports run anyio task groups, and a cancellation that lands
-        while one of them is failing can come out as an ordinary exception (or not
-        at all). So the supervisor also checks `_closing`, and the cancellation is
-        repeated until the task has ended, for at most `_CLOSE_S`: a shutdown or a
+        One cancellation, then up to `_CLOSE_S` for the SDK to shut the connection
+        down (a stdio server gets its stdin closed, time to exit, then a signal: a
+        second cancellation would cut that short and leave the process behind). The
+        SDK's transports run anyio task groups, and a cancellation that lands while
+        one of them is failing can come out as an ordinary exception, so the
+        supervisor also stops on `_closing`. Only a connection that still has not
+        ended is cancelled once more and then left, with a warning: a shutdown or a
         reload never waits on a server that will not let go.
         """
         task, self._task = self._task, None
         if task is None:
             return
         self._closing = True
-        deadline = asyncio.get_running_loop().time() + _CLOSE_S
-        while not task.done():
-            task.cancel()
-            await asyncio.wait({task}, timeout=0.25)
-            if asyncio.get_running_loop().time() > deadline:
-                log.warning("mcp server %s: its connection did not close in %g s; left behind",
-                            self.name, _CLOSE_S)
+        self._wake.set()
+        task.cancel()
+        for wait_s in (_CLOSE_S, 1.0):
+            await asyncio.wait({task}, timeout=wait_s)
+            if task.done():
+                if not task.cancelled() and task.exception() is not None:
+                    log.debug("mcp server %s: supervisor ended with %r", self.name,
+                              task.exception())
                 return
-        if not task.cancelled() and task.exception() is not None:
-            log.debug("mcp server %s: supervisor ended with %r", self.name, task.exception())
+            task.cancel()
+        log.warning("mcp server %s: its connection did not close in %g s; left behind",
+                    self.name, _CLOSE_S + 1.0)
 
     async def call(self, mcp_name: str, arguments: dict[str, Any]) -> Any:
         """Call one tool; ToolUnavailable when the server is down, ToolError when it says no."""
@@ -236,7 +241,7 @@ class McpConnection:
             with anyio.move_on_after(self.timings.poll_s):
                 await self._wake.wait()
             self._wake.clear()
-            if self._lost:
+            if self._lost or self._closing:
                 return
             async with asyncio.timeout(self.timings.connect_timeout_s):
                 await self._list_tools(client)
