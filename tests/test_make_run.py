@@ -5,6 +5,7 @@ These run the real Makefile and the real `python -m server` in a subprocess.
 """
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -75,8 +76,13 @@ async def test_make_run_prints_the_url_it_serves_and_nothing_else() -> None:
         assert icon.status_code == 200
     finally:
         os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-        rest = (await asyncio.wait_for(process.stdout.read(), 30)).decode()
-        code = await process.wait()
+        try:
+            rest = (await asyncio.wait_for(process.stdout.read(), 30)).decode()
+            code = await asyncio.wait_for(process.wait(), 30)
+        finally:  # whatever failed above, nothing of its process group outlives the test
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
     assert rest == "", f"make run printed more than its URL: {rest!r}"
     # make itself dies of the SIGINT it was sent (as in a terminal); the server exited cleanly,
     # which is why make printed no "*** [run] Interrupt" above.
