@@ -7,6 +7,7 @@ from typing import Any
 
 from protocol.client import RunContext, ToolSpec
 from protocol.server import RunError
+from server.agent.grown import as_json
 from server.agent.run_state import Ending, ModelCall, PendingCall, RunState
 
 _SETS = ("tool_allowlist", "approval_tools", "call_ids", "completed_calls", "approved_names")
@@ -15,7 +16,7 @@ _SETS = ("tool_allowlist", "approval_tools", "call_ids", "completed_calls", "app
 def to_checkpoint(state: RunState) -> dict[str, Any]:
     data: dict[str, Any] = {}
     for field in fields(state):
-        value = getattr(state, field.name)
+        value = as_json(getattr(state, field.name))  # a Grown as a list, a GrownSet sorted
         if field.name in _SETS:
             value = None if value is None else sorted(value)
         elif field.name == "context":
@@ -28,7 +29,7 @@ def to_checkpoint(state: RunState) -> dict[str, Any]:
             value = None if value is None else _slots(value)
             if field.name == "ending" and value is not None and value["error"] is not None:
                 value["error"] = value["error"].to_wire()
-        elif isinstance(value, tuple):
+        elif isinstance(value, (tuple, list)):
             value = [list(item) if isinstance(item, tuple) else item for item in value]
         data[field.name] = value
     return data

@@ -21,6 +21,7 @@ outcome is unknown) the list is reset and written whole, once.
 Pure functions; the lease (`lease.py`) does the I/O.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +55,7 @@ class CheckpointWrite:
 
 
 def _extends(state: RunState, written: Written) -> bool:
-    def builds_on(items: tuple[Any, ...], count: int, last: object | None) -> bool:
+    def builds_on(items: Sequence[Any], count: int, last: object | None) -> bool:
         return count == 0 or (len(items) >= count and items[count - 1] is last)
 
     return written.constant and builds_on(state.messages, written.messages,

@@ -37,6 +37,7 @@ from protocol.server import (
 )
 from server.agent import history, json_format
 from server.agent.edits import STALE, changes_note, judge_edit
+from server.agent.grown import grown, with_added
 from server.agent.resume import resume_run
 from server.agent.run_state import (
     Ending,
@@ -44,7 +45,6 @@ from server.agent.run_state import (
     PendingCall,
     RunState,
     ToolOutcome,
-    appended,
     unique_call_ids,
 )
 from server.agent.steps import (
@@ -131,7 +131,7 @@ class RunMachine:
         out.do(CALL_MODEL)
         if state.edits:  # tell the model what people changed since its last request
             note = {"role": "user", "content": changes_note(state.edits)}
-            state = state.evolve(messages=(*state.messages, note), edits=())
+            state = state.evolve(messages=grown(state.messages, note), edits=())
         return state.evolve(phase="model", status="running", step=step,
                        message_id=f"{state.run_id}:m{step}")
 
@@ -156,9 +156,9 @@ class RunMachine:
         calls = unique_call_ids(state.call_ids, event.calls, state.step)
         said = history.assistant_turn(state.json_tools, event.text, event.assistant_content,
                                       [(c.call_id, c.name, c.raw_arguments) for c in calls])
-        state = state.evolve(phase="tools", messages=appended(state.messages, said),
+        state = state.evolve(phase="tools", messages=grown(state.messages, said),
                              terminate_after_tools=event.terminate,
-                             call_ids=state.call_ids | {c.call_id for c in calls})
+                             call_ids=with_added(state.call_ids, [c.call_id for c in calls]))
         return self._advance(state, out, event.at_ms, calls)
 
     def _unparseable(self, state: RunState, event: ModelUnparseable, out: EffectList) -> RunState:
@@ -173,9 +173,8 @@ class RunMachine:
                         f"last problem: {event.problem}")))
         if state.step >= state.max_steps:
             return self._finish(state, out, Ending("failed", "max_steps"))
-        state = state.evolve(messages=(*state.messages,
-                                         {"role": "assistant", "content": event.text},
-                                         {"role": "user", "content": event.problem}))
+        said = grown(state.messages, {"role": "assistant", "content": event.text})
+        state = state.evolve(messages=grown(said, {"role": "user", "content": event.problem}))
         return self._call_model(state, out)
 
     def _advance(self, state: RunState, out: EffectList, at_ms: int,
@@ -249,7 +248,7 @@ class RunMachine:
         message = history.tool_message(state.json_tools, call_id, name, content)
         out.do(Remember((history.tool_entry(state.run_id, call_id, name, content,
                                               state.thread_id),)))
-        return state.evolve(messages=appended(state.messages, message), tool_results=appended(
+        return state.evolve(messages=grown(state.messages, message), tool_results=grown(
             state.tool_results, {"name": name, "status": outcome.status,
                                  "output": outcome.output}), **changes)
 
@@ -267,7 +266,7 @@ class RunMachine:
         if outcome.status == "error" and (outcome.error or {}).get("code") == "stale":
             told = ToolOutcome("error", error={"code": "stale", "message": STALE})
         state = self._settle(state, out, current, outcome, told, event.at_ms,
-                             completed_calls=state.completed_calls | {current.call_id})
+                             completed_calls=with_added(state.completed_calls, (current.call_id,)))
         out.do(Reply(Ack(reply_to=event.reply_to, run_id=state.run_id, call_id=current.call_id,
                          status="accepted")))  # after the tool.done it confirms
         return state

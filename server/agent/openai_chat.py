@@ -84,7 +84,7 @@ class OpenAIChat:
             create: Any = self._client.chat.completions.create
             upstream = await create(
                 model=request.model,
-                messages=request.messages,
+                messages=list(request.messages),  # the SDK encodes lists (the run's is Grown)
                 stream=True,
                 stream_options={"include_usage": True},
                 **options,

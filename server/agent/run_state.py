@@ -9,8 +9,9 @@ retried). Every field is JSON-friendly so the state can be written to a
 shared store as the run's record (`to_record`).
 """
 
+from collections.abc import Sequence, Set
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import orjson
 
@@ -18,7 +19,6 @@ from protocol.client import RunContext, ToolSpec
 from protocol.server import FinishedStatus, PendingItem, RunError, RunSnapshot, RunStatus
 from server.auth import CallGrant
 
-_T = TypeVar("_T")
 Phase = Literal["new", "model", "tools", "finished"]
 TERMINAL: frozenset[str] = frozenset({"completed", "cancelled", "aborted", "failed", "timed_out"})
 # Status order for the "only moves forward" rule: active statuses are peers, terminal ones last.
@@ -119,14 +119,17 @@ class RunState:
     status: RunStatus = "running"
     step: int = 0
     message_id: str | None = None
-    messages: tuple[dict[str, Any], ...] = ()  # the model's context so far
+    # The model's context so far. This and the three growing collections below are
+    # `Grown`/`GrownSet` once the machine added to them (O(1) per addition, grown.py);
+    # any tuple or frozenset of the same items is equal to them.
+    messages: Sequence[dict[str, Any]] = ()
     queue: tuple[ModelCall, ...] = ()  # calls of the current turn not yet run
     terminate_after_tools: bool = False
     current: PendingCall | None = None
-    call_ids: frozenset[str] = frozenset()  # every call id the run has used
-    completed_calls: frozenset[str] = frozenset()  # client calls whose result was accepted
+    call_ids: Set[str] = frozenset()  # every call id the run has used
+    completed_calls: Set[str] = frozenset()  # client calls whose result was accepted
     approved_names: frozenset[str] = frozenset()
-    tool_results: tuple[dict[str, Any], ...] = ()
+    tool_results: Sequence[dict[str, Any]] = ()
     parse_failures: int = 0
     usage: tuple[tuple[str, int], ...] = ()
     executor_present: bool = True
@@ -212,13 +215,7 @@ def orphan_state(document_id: str, record: dict[str, Any]) -> RunState:
         step=int(record.get("step", 0)), current=current)
 
 
-def appended(items: tuple[_T, ...], item: _T) -> tuple[_T, ...]:
-    """`(*items, item)` at half its cost (unpacking copies through a list first): the
-    run's messages and tool results grow by one per call, and are copied each time."""
-    return items + (item,)  # noqa: RUF005 (measured: the faster form)
-
-
-def unique_call_ids(used: frozenset[str], calls: tuple[ModelCall, ...], step: int
+def unique_call_ids(used: Set[str], calls: tuple[ModelCall, ...], step: int
                     ) -> tuple[ModelCall, ...]:
     """The model's call ids when usable; deterministic fresh ones when missing, too
     long or reused (a call id names one call for the whole run)."""
