@@ -52,8 +52,8 @@ class Sizes:
     @staticmethod
     def of(quick: bool) -> "Sizes":
         if quick:
-            return Sizes(20_000, 50, 10, 50, 200, 100, 1)
-        return Sizes(CHARS, 300, 40, 200, 1000, 1000, 3)
+            return Sizes(20_000, 50, 20, 50, 200, 100, 1)
+        return Sizes(CHARS, 300, 200, 200, 1000, 1000, 3)
 
 
 async def _bare_one_abort(ws: ClientConnection, delay: float) -> float:
@@ -76,8 +76,8 @@ async def bare_aborts(proc: Proc, concurrent: int, rounds: int) -> list[float]:
     rng, latencies = random.Random(7), []
     try:
         for _ in range(rounds):
-            latencies += await asyncio.gather(*(_bare_one_abort(ws, rng.uniform(0.05, 0.5))
-                                                for ws in sockets))
+            latencies += await asyncio.gather(*(
+                _bare_one_abort(ws, rng.uniform(*runs.ABORT_DELAY_S)) for ws in sockets))
     finally:
         await asyncio.gather(*(ws.close() for ws in sockets))
     return latencies
@@ -265,8 +265,8 @@ def table(m: dict[str, Any], extra: "list[Row] | None" = None) -> str:
          f"{m['cowrite_idle_kib']:.1f} KiB", f"{m['bare_idle_kib']:.1f} KiB",
          _ratio(m["cowrite_idle_kib"], m["bare_idle_kib"]), "<= 32 KiB",
          m["cowrite_idle_kib"] <= 32),
-        (f"abort p99 (editor.change -> run.finished), idle / {size['concurrent_aborts']} runs "
-         "streaming",
+        (f"abort p99 (editor.change -> run.finished), idle ({size['abort_rounds']} aborts) / "
+         f"{size['concurrent_aborts']} runs streaming",
          f"{m['cowrite_abort_idle_p99_ms']:.1f} / {m['cowrite_abort_busy_p99_ms']:.1f} ms",
          f"{m['bare_abort_idle_p99_ms']:.1f} / {m['bare_abort_busy_p99_ms']:.1f} ms", "",
          "<= 2 / 20 ms",
