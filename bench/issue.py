@@ -278,7 +278,7 @@ def table(m: dict[str, Any], extra: "list[Row] | None" = None) -> str:
          m["load_first_delta_p99_ms"] <= 100 and m["load_verification"] == "ok"),
         ("first run after start through an OpenAI-compatible upstream, to first delta "
          "(bare column: later runs)", cold_text, f"{m['warm_first_ms']:.1f} ms",
-         f"+{penalty:.1f} ms", "no cold-start penalty (<= +5 ms)", penalty <= 5),
+         f"{penalty:+.1f} ms", "no cold-start penalty (<= +5 ms)", penalty <= 5),
         ("idle connection, 5 ms-paced stream: deltas sent alone (none held back to merge)",
          f"{m['idle_frames']} of {m['idle_deltas']}", "", "", "all",
          m["idle_frames"] == m["idle_deltas"]),
