@@ -102,3 +102,13 @@ def test_a_state_with_grown_collections_round_trips_through_its_checkpoint() -> 
     data = orjson.loads(orjson.dumps(to_checkpoint(state)))
     assert data["call_ids"] == ["call_a", "call_b"]
     assert from_checkpoint(data) == state
+
+
+def test_iterating_a_version_while_a_newer_one_grows_sees_that_version_only() -> None:
+    """A consumer may hold an iterator across an await while the run's state grows."""
+    items, names = Grown([1, 2]), GrownSet(["a", "b"])
+    item_iterator, name_iterator = iter(items), iter(names)
+    assert next(item_iterator) == 1 and next(name_iterator) == "a"
+    newer, newer_names = items.plus(3), names.plus(["c"])
+    assert list(item_iterator) == [2] and list(name_iterator) == ["b"]
+    assert list(newer) == [1, 2, 3] and sorted(newer_names) == ["a", "b", "c"]

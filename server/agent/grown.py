@@ -70,8 +70,8 @@ class Grown(Sequence[_T]):
         return self._items[index]
 
     def __iter__(self) -> Iterator[_T]:
-        if len(self._items) == self._size:
-            return iter(self._items)  # the newest version: nothing beyond its end
+        # The shared list only ever grows at its end, so this stays this version's items
+        # even if a newer version appends while the iteration is suspended.
         return islice(self._items, self._size)
 
     def __reversed__(self) -> Iterator[_T]:
@@ -134,9 +134,9 @@ class GrownSet(Set[_T]):
         return self._size
 
     def __iter__(self) -> Iterator[_T]:
-        if len(self._order) == self._size:
-            return iter(self._order)
-        return islice(self._order, self._size)  # a dict keeps the order items came in
+        # A copy: a newer version may add to the shared dict while the iteration is
+        # suspended, which a dict's own iterator refuses. (A dict keeps insertion order.)
+        return iter(list(islice(self._order, self._size)))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Set):
