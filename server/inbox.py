@@ -47,6 +47,12 @@ class Inbox:
     def empty(self) -> bool:
         return not self._items
 
+    def is_awaited(self) -> bool:
+        """Whether the consumer waits in `get` and nothing woke it yet: the one item
+        queued is as good as taken."""
+        waiter = self._waiter
+        return waiter is not None and not waiter.done() and len(self._items) <= 1
+
     def get_nowait(self) -> Any:
         return self._items.pop(0)
 

@@ -12,7 +12,11 @@ someone waits, and drops the response once the handshake is done. Nothing
 else changes: frames, limits, pings, pause/resume of reading and writing are
 uvicorn's own code (measured: 31.7 -> 24.7 KiB per idle connection,
 `python -m bench.run --idle-memory`). `send_text_now` lets the connection's
-writer skip the ASGI layers for a frame that can be written at once.
+writer skip the ASGI layers for a frame that can be written at once, and
+`data_received` hands the app a read of whole text messages without
+websockets' parser (`server.wsframes`); a single message the app already waits
+for does not pause reading (uvicorn pauses after every message and resumes
+once the app takes it: two `epoll_ctl` calls per message, for nothing).
 
 The swap depends on uvicorn's attribute names, so each part is applied only
 when the attribute has the type expected (an `asyncio.Queue`, an
@@ -29,6 +33,7 @@ from websockets.protocol import Side, State
 from websockets.server import ServerProtocol
 
 from server.inbox import Inbox as Inbox  # re-exported: it was defined here
+from server.wsframes import FrameCursor, text_messages
 
 _SHORT_HEADS = [bytes((0x81, length)) for length in range(126)]
 
@@ -115,6 +120,55 @@ class LeanSansIOProtocol(WebSocketsSansIOProtocol):
             self.queue = Inbox()  # type: ignore[assignment]  # the methods uvicorn calls
         if type(self.writable) is asyncio.Event:
             self.writable = Flag(self.writable.is_set())  # type: ignore[assignment]
+        # Frame boundaries of what the client sent, known only when the upgrade
+        # request came alone in the first read (see `data_received`); None: websockets
+        # reads everything.
+        self._cursor: FrameCursor | None = None
+        self._first_read = True
+
+    def data_received(self, data: bytes) -> None:
+        """A read that is nothing but whole text messages, arriving where websockets'
+        parser waits at a frame boundary with nothing buffered, goes to the app
+        without that parser (`server.wsframes`: same messages, less work); any
+        other read goes to uvicorn as before. The boundary is known only if the
+        first read was the whole upgrade request and nothing else (one write, as
+        clients send it): a request cut across reads, or bytes after it before the
+        handshake completed, leave the connection on the general path."""
+        cursor = self._cursor
+        if cursor is not None and self.handshake_complete:
+            if cursor.at_boundary() and self._read_directly(data):
+                return
+            cursor.advance(data)
+        elif self._first_read:
+            self._first_read = False
+            super().data_received(data)
+            if FAST_FRAMES and self.handshake_initiated and not self.handshake_complete \
+                    and data.find(b"\r\n\r\n") == len(data) - 4 and not self.conn.reader.buffer:
+                self._cursor = FrameCursor()
+            return
+        elif not self.handshake_complete:
+            self._cursor = None  # a frame before the handshake completed: websockets reads
+        super().data_received(data)
+
+    def _read_directly(self, data: bytes) -> bool:
+        """Hand the app the messages of `data` if `text_messages` can read all of it
+        (what uvicorn's `send_receive_event_to_app` does with each); False, having
+        done nothing, when websockets must read it."""
+        conn = self.conn
+        if self.close_sent or conn.state is not State.OPEN or conn.extensions or conn.debug \
+                or conn.current_size is not None or conn.reader.buffer:
+            return False
+        messages = text_messages(data, conn.max_message_size)
+        if messages is None:
+            return False
+        queue = self.queue
+        taken = len(messages) == 1 and isinstance(queue, Inbox) and queue.is_awaited()
+        for text in messages:
+            queue.put_nowait({"type": "websocket.receive", "text": text})
+        if not self.read_paused and not taken:
+            self.read_paused = True  # uvicorn's backpressure: one message at a time,
+            self.transport.pause_reading()  # unless the app already waits for it
+        return True
 
     def send_text_now(self, text: str) -> bool:
         """Write a text frame at once, as uvicorn's ASGI `send` would with nothing to
