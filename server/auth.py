@@ -17,6 +17,7 @@ from typing import Any, Literal
 import jwt
 import orjson
 
+from server.records import quick_init
 from server.settings import Settings
 
 Role = Literal["editor", "viewer"]
@@ -115,6 +116,7 @@ class Principal:
         return "*" in self.docs or document_id in self.docs
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class CallGrant:
     """What a per-call token was issued for."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from protocol.client import RunContext, ToolSpec
+from server.records import quick_init
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +19,7 @@ class TextChunk:
     text: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ToolCallRequest:
     """A complete tool call the model asked for; `arguments` is the raw JSON text."""
@@ -35,6 +37,7 @@ class UsageChunk:
 ModelChunk = TextChunk | ToolCallRequest | UsageChunk
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ModelRequest:
     """Everything one model call sees. Sequences, not lists: the run's own tuples are

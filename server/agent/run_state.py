@@ -18,6 +18,7 @@ import orjson
 from protocol.client import RunContext, ToolSpec
 from protocol.server import FinishedStatus, PendingItem, RunError, RunSnapshot, RunStatus
 from server.auth import CallGrant
+from server.records import quick_init
 
 Phase = Literal["new", "model", "tools", "finished"]
 TERMINAL: frozenset[str] = frozenset({"completed", "cancelled", "aborted", "failed", "timed_out"})
@@ -26,6 +27,7 @@ STATUS_RANK = {"queued": 0, "running": 1, "waiting_tool": 1, "waiting_approval":
                **{status: 2 for status in TERMINAL}}
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ToolOutcome:
     status: Literal["ok", "error", "rejected", "timeout", "cancelled"]
@@ -46,6 +48,7 @@ class ToolOutcome:
             return '{"error": {"message": "the tool output could not be encoded"}}'
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ModelCall:
     """A tool call the model asked for, checked by the driver against the run's tools."""
@@ -59,6 +62,7 @@ class ModelCall:
     problem: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class PendingCall:
     """The one call a run waits on: an approval, a client tool or a server tool."""

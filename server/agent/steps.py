@@ -16,6 +16,7 @@ from protocol.codes import ErrorCode
 from protocol.server import Ack, DurableServerEvent, Error, FinishedStatus, RunError
 from server.agent.run_state import ModelCall, PendingCall, RunState, ToolOutcome
 from server.auth import CallGrant
+from server.records import quick_init
 
 
 # -- inputs -----------------------------------------------------------------------
@@ -27,6 +28,7 @@ class Begin:
     reply_to: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ModelFinished:
     """A model turn ended. `text` is what the user saw (streamed unless json_tools)."""
@@ -53,6 +55,7 @@ class ModelFailed:
     error: RunError
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ClientToolResult:
     call_id: str
@@ -146,6 +149,7 @@ Input = (Begin | ModelFinished | ModelUnparseable | ModelFailed | ClientToolResu
 
 
 # -- effects ----------------------------------------------------------------------
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Publish:
     """Log these durable events, in order."""
@@ -153,6 +157,7 @@ class Publish:
     events: tuple[DurableServerEvent, ...]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Reply:
     """Answer the sender of the input (an `ack` or an `error`)."""
@@ -160,6 +165,7 @@ class Reply:
     message: WireModel
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Remember:
     """Append conversation history entries."""
@@ -191,12 +197,14 @@ class StopWork:
     """Cancel the model call and any server tool in flight."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ArmTimer:
     key: str
     delay_s: float
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DisarmTimer:
     key: str  # "*" disarms every timer
@@ -227,6 +235,7 @@ Effect = (Publish | Reply | Remember | RememberPartial | CallModel | RunServerTo
           | ArmTimer | DisarmTimer | Checkpoint | Release)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Decision:
     """The new state and what to do. The state is committed only once the decision's

@@ -17,6 +17,7 @@ import orjson
 
 from protocol.client import ToolSpec
 from server.ports import ServerTools
+from server.records import quick_init
 
 SCHEMA_CHECKS_CACHED = 512
 VERDICTS_KEPT = 64  # per run
@@ -64,6 +65,7 @@ def _judge_schema(parameters: dict[str, Any]) -> str | None:
     return None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class CheckedCall:
     name: str

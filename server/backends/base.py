@@ -14,6 +14,8 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 import orjson
 
+from server.records import quick_init
+
 ResumeFailure = Literal["epoch_changed", "history_truncated"]
 
 
@@ -26,6 +28,7 @@ class RunParts:
     reset: bool = False
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class LoggedEvent:
     """A durable event as it sits in the log: its number, type and wire text."""
