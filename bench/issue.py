@@ -5,7 +5,8 @@ shared and noisy, so only same-run ratios mean anything); servers are pinned
 to core 0 and this client to core 1 where the OS allows (`bench.common.pin`).
 
 - tool round trip: `tool.result` sent -> next `tool.call` received (p50),
-  beside a bare WebSocket echo;
+  beside a bare WebSocket echo; both servers up at once and taking turns, the
+  median of 9 runs' p50s (`bench.roundtrip`);
 - text throughput: 200,000 characters in 2-character deltas to one reader,
   beside the bare app sending the same 100,000 delta frames;
 - idle memory: server RSS per connection, 1,000 connections after `welcome`;
@@ -33,7 +34,7 @@ from typing import Any
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
 
-from bench import editbench, load, runs, scenarios, transport
+from bench import editbench, load, roundtrip, runs, scenarios, transport
 from bench.common import Proc, Served, cowrite_join, percentile, script_prompt, server_process
 
 CHARS = 200_000
@@ -48,12 +49,13 @@ class Sizes:
     idle_connections: int
     load_docs: int
     cold_starts: int
+    trip_reps: int  # alternating runs of `calls` round trips per server
 
     @staticmethod
     def of(quick: bool) -> "Sizes":
         if quick:
-            return Sizes(20_000, 50, 20, 50, 200, 100, 1)
-        return Sizes(CHARS, 300, 200, 200, 1000, 1000, 3)
+            return Sizes(20_000, 50, 20, 50, 200, 100, 1, 3)
+        return Sizes(CHARS, 300, 200, 200, 1000, 1000, 3, 9)
 
 
 async def _bare_one_abort(ws: ClientConnection, delay: float) -> float:
@@ -175,8 +177,6 @@ async def measure(quick: bool = False) -> dict[str, Any]:
         seconds, frames, text = await cowrite_text(cowrite, size.chars)
         out["text_ok"] = text == "y" * size.chars
         out["cowrite_chars_per_s"], out["cowrite_text_frames"] = size.chars / seconds, frames
-        trips = await runs.tool_round_trips(cowrite, size.calls)
-        out["cowrite_tool_p50_ms"] = percentile(trips, 50)
         single = await runs.abort_latency(cowrite, 1, size.abort_rounds)
         many = await runs.abort_latency(cowrite, size.concurrent_aborts, 1)
         out["cowrite_abort_idle_p99_ms"] = percentile(single, 99)
@@ -187,9 +187,6 @@ async def measure(quick: bool = False) -> dict[str, Any]:
             cowrite, size.idle_connections, cowrite=True) / 1024
     async with server_process("bare") as bare:
         out["bare_chars_per_s"] = size.chars / await bare_text(bare, size.chars)
-        out["bare_tool_p50_ms"] = percentile(await runs.ping_pongs(bare, size.calls), 50)
-        out["bare_three_frames_p50_ms"] = percentile(
-            await runs.bare_tool_round_trips(bare, size.calls), 50)
         out["bare_abort_idle_p99_ms"] = percentile(
             await bare_aborts(bare, 1, size.abort_rounds), 99)
         out["bare_abort_busy_p99_ms"] = percentile(
@@ -197,6 +194,9 @@ async def measure(quick: bool = False) -> dict[str, Any]:
     async with server_process("bare") as bare:
         out["bare_idle_kib"] = await transport.idle_memory(
             bare, size.idle_connections, cowrite=False) / 1024
+    trips = await roundtrip.p50s(size.calls, size.trip_reps)  # both servers, taking turns
+    out["cowrite_tool_p50_ms"], out["bare_tool_p50_ms"], out["bare_three_frames_p50_ms"] = (
+        trips["cowrite"] / 1000, trips["echo"] / 1000, trips["three_frames"] / 1000)
     scenario = load.Scenario(name=f"runs-{size.load_docs}", docs=size.load_docs, deltas=200,
                              tools=3, delay_ms=20, ramp_s=2.0, run_timeout_s=120)
     report = await scenarios.run_apart(scenario)  # a generator process of its own
@@ -250,7 +250,9 @@ def table(m: dict[str, Any], extra: "list[Row] | None" = None) -> str:
     cold_text = (f"{min(cold):.1f}-{max(cold):.1f} ms" if len(cold) > 1 else f"{cold[0]:.1f} ms")
     penalty = max(cold) - m["warm_first_ms"]
     rows: list[Row] = [
-        ("client tool round trip p50 (tool.result -> next tool.call); bare column: an echo "
+        ("client tool round trip p50 (tool.result -> next tool.call; median of "
+         f"{size.get('trip_reps', 1)} runs of {size['calls']} round trips, the servers side by "
+         "side taking turns); bare column: an echo "
          "(the issue's baseline); the bare app answering with cowrite's three frames "
          f"(tool.done, ack, tool.call): {m['bare_three_frames_p50_ms'] * 1000:.0f} us",
          f"{m['cowrite_tool_p50_ms'] * 1000:.0f} us", f"{m['bare_tool_p50_ms'] * 1000:.0f} us",

@@ -19,16 +19,24 @@ from bench.common import CLIENT_CORE, percentile, pin, server_process
 
 
 async def p50s(calls: int, reps: int) -> dict[str, float]:
+    """Median over `reps` of each server's p50 (us). Both servers run side by side and
+    take turns, the order reversed every repetition: a shared machine's slow spells
+    (seen here: the same server 270 us in one minute, 420 us the next) then fall on
+    both columns alike instead of on whichever happened to run then."""
     got: dict[str, list[float]] = {"cowrite": [], "echo": [], "three_frames": []}
     async with server_process("cowrite") as cowrite, server_process("bare") as bare:
         await runs.tool_round_trips(cowrite, 100, "warm")
         await runs.ping_pongs(bare, 100)
         for rep in range(reps):
-            trips = await runs.tool_round_trips(cowrite, calls, f"trips-{rep}")
-            got["cowrite"].append(percentile(trips, 50) * 1000)
-            got["echo"].append(percentile(await runs.ping_pongs(bare, calls), 50) * 1000)
-            got["three_frames"].append(
-                percentile(await runs.bare_tool_round_trips(bare, calls), 50) * 1000)
+            order = ["cowrite", "echo", "three_frames"]
+            for name in order if rep % 2 == 0 else order[::-1]:
+                if name == "cowrite":
+                    trips = await runs.tool_round_trips(cowrite, calls, f"trips-{rep}")
+                elif name == "echo":
+                    trips = await runs.ping_pongs(bare, calls)
+                else:
+                    trips = await runs.bare_tool_round_trips(bare, calls)
+                got[name].append(percentile(trips, 50) * 1000)
     return {name: statistics.median(values) for name, values in got.items()}
 
 

@@ -11,7 +11,9 @@ else fed to websockets), cut at random places. The socket tests drive a real
 server with frames cut across writes and packed into one."""
 
 import asyncio
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -204,28 +206,36 @@ def _message(payload: dict[str, Any]) -> bytes:
     return raw_frame(0x1, orjson.dumps(payload))
 
 
-async def test_frames_cut_across_writes_or_packed_together_all_arrive_in_order() -> None:
+@contextlib.asynccontextmanager
+async def _welcomed() -> AsyncIterator[RawClient]:
+    """A real server and a raw client past its welcome (the request in one write: the
+    direct path is open)."""
     async with running_server() as srv:
         client = await RawClient.connect(srv.settings.port, "/v1/documents/doc-1/ws")
         try:
             client.writer.write(_message({"type": "hello", "protocol": 1, "client_id": "t",
                                           "token": token("alice")}))
             assert orjson.loads((await client.read_frame())[1])["type"] == "welcome"
-            pings = [_message({"type": "ping", "ts": n}) for n in range(6)]
-            # packed: three messages in one write; then one cut inside its header, one
-            # inside its payload, a websocket ping frame in between, and a last one whole
-            client.writer.write(pings[0] + pings[1] + pings[2])
-            await client.writer.drain()
-            assert await _ping_pongs(client, 3) == [0, 1, 2]
-            for part in (pings[3][:1], pings[3][1:], pings[4][:9],
-                         pings[4][9:] + raw_frame(0x9, b"hi"), pings[5]):
-                client.writer.write(part)
-                await client.writer.drain()
-                await asyncio.sleep(0.02)  # separate reads on the server
-            got = await _ping_pongs(client, 4)  # websockets answers a ping frame as it
-            assert [n for n in got if n >= 0] == [3, 4, 5] and -1 in got  # parses it
+            yield client
         finally:
             client.close()
+
+
+async def test_frames_cut_across_writes_or_packed_together_all_arrive_in_order() -> None:
+    async with _welcomed() as client:
+        pings = [_message({"type": "ping", "ts": n}) for n in range(6)]
+        # packed: three messages in one write; then one cut inside its header, one
+        # inside its payload, a websocket ping frame in between, and a last one whole
+        client.writer.write(pings[0] + pings[1] + pings[2])
+        await client.writer.drain()
+        assert await _ping_pongs(client, 3) == [0, 1, 2]
+        for part in (pings[3][:1], pings[3][1:], pings[4][:9],
+                     pings[4][9:] + raw_frame(0x9, b"hi"), pings[5]):
+            client.writer.write(part)
+            await client.writer.drain()
+            await asyncio.sleep(0.02)  # separate reads on the server
+        got = await _ping_pongs(client, 4)  # websockets answers a ping frame as it
+        assert [n for n in got if n >= 0] == [3, 4, 5] and -1 in got  # parses it
 
 
 @pytest.mark.parametrize(("frame", "code"), [
@@ -233,14 +243,41 @@ async def test_frames_cut_across_writes_or_packed_together_all_arrive_in_order()
     (raw_frame(0x1, b"{}", masked=False), 1002),
 ])
 async def test_a_bad_frame_still_closes_the_connection_as_before(frame: bytes, code: int) -> None:
+    async with _welcomed() as client:
+        client.writer.write(frame)
+        _, closed = await asyncio.wait_for(client.read_until_close(), 10)
+        assert closed == code
+
+
+async def test_a_request_cut_across_writes_leaves_the_connection_on_websockets_path() -> None:
+    """The direct path needs the frame boundaries from the first read on; a request sent
+    in two writes (so two reads) gives no such certainty: websockets reads every frame,
+    and the messages still arrive, whole frames and cut ones alike."""
+    import base64
+
     async with running_server() as srv:
-        client = await RawClient.connect(srv.settings.port, "/v1/documents/doc-1/ws")
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.settings.port)
+        key = base64.b64encode(os.urandom(16)).decode()
+        request = (f"GET /v1/documents/doc-1/ws HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                   f"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                   "Sec-WebSocket-Version: 13\r\n\r\n").encode()
+        for part in (request[:20], request[20:]):
+            writer.write(part)
+            await writer.drain()
+            await asyncio.sleep(0.02)
+        assert b" 101 " in await reader.readline()
+        while (await reader.readline()) not in (b"\r\n", b""):
+            pass
+        client = RawClient(reader, writer)
         try:
-            client.writer.write(_message({"type": "hello", "protocol": 1, "client_id": "t",
-                                          "token": token("alice")}))
+            writer.write(_message({"type": "hello", "protocol": 1, "client_id": "t",
+                                   "token": token("alice")}))
             assert orjson.loads((await client.read_frame())[1])["type"] == "welcome"
-            client.writer.write(frame)
-            _, closed = await asyncio.wait_for(client.read_until_close(), 10)
-            assert closed == code
+            second = _message({"type": "ping", "ts": 1})
+            for part in (_message({"type": "ping", "ts": 0}), second[:3], second[3:]):
+                writer.write(part)
+                await writer.drain()
+                await asyncio.sleep(0.02)
+            assert await _ping_pongs(client, 2) == [0, 1]
         finally:
             client.close()
