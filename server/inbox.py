@@ -17,8 +17,10 @@ from server.continuation import start_eagerly
 
 class Inbox:
     """The part of `asyncio.Queue` its users call (`put_nowait`, `get`, `get_nowait`,
-    `empty`), for one consumer. Both keep it short (uvicorn pauses reading once a
-    message is queued; a run's inputs are decided as they come), so `pop(0)` is fine."""
+    `empty`), for one consumer. Both keep it short (reading pauses once a message is
+    queued: uvicorn's rule, or on `LeanSansIOProtocol`'s direct path once one is
+    queued that no waiting `get` takes at once, `is_awaited`; a run's inputs are
+    decided as they come), so `pop(0)` is fine."""
 
     __slots__ = ("_items", "_loop", "_waiter")
 
