@@ -26,33 +26,45 @@ except ImportError:  # pragma: no cover  (a build without the C extension)
 _FIN_TEXT = 0x81  # FIN, no reserved bits, opcode 1 (text)
 
 
+def frame_header(data: bytes, position: int) -> tuple[int, int] | None:
+    """The header length and payload length of the frame starting at `position`
+    (RFC 6455 5.2: 7-, 16- or 64-bit length, then a 4-byte mask if masked), or
+    None while `data` does not yet hold the whole header."""
+    end = len(data)
+    if end - position < 2:
+        return None
+    second = data[position + 1]
+    length = second & 0x7F
+    extra = 2 if length == 126 else 8 if length == 127 else 0
+    header = 2 + extra + (4 if second & 0x80 else 0)
+    if end - position < header:
+        return None
+    if extra:
+        length = int.from_bytes(data[position + 2:position + 2 + extra], "big")
+    return header, length
+
+
 def text_messages(data: bytes, max_size: int | None) -> list[str] | None:
     """The text messages `data` holds when it is nothing but complete, final,
     masked text frames with no reserved bit set, each payload at most
     `max_size` bytes and valid UTF-8 (a client's frames, RFC 6455); otherwise
-    None, having decided nothing."""
+    None, having decided nothing. Frames of 64 KiB or more are left to
+    websockets too: rare, and no cheaper here."""
     messages: list[str] = []
     position, end = 0, len(data)
     while position < end:
-        if end - position < 6 or data[position] != _FIN_TEXT:
+        second = data[position + 1] if end - position > 1 else 0
+        if data[position] != _FIN_TEXT or not second & 0x80 or second & 0x7F == 127:
+            return None  # not a final text frame, unmasked (a client must mask), or huge
+        sizes = frame_header(data, position)
+        if sizes is None:
             return None
-        second = data[position + 1]
-        if not second & 0x80:  # a client's frame must be masked
-            return None
-        length = second & 0x7F
-        position += 2
-        if length == 126:
-            if end - position < 6:
-                return None
-            length = int.from_bytes(data[position:position + 2], "big")
-            position += 2
-        elif length == 127:
-            return None  # 64 KiB or more: rare, and websockets reads it as well
-        start = position + 4
+        header, length = sizes
+        start = position + header
         stop = start + length
         if stop > end or (max_size is not None and length > max_size):
             return None
-        payload = apply_mask(data[start:stop], data[position:start])
+        payload = apply_mask(data[start:stop], data[start - 4:start])
         try:
             messages.append(payload.decode())
         except UnicodeDecodeError:
@@ -86,19 +98,11 @@ class FrameCursor:
             position, self._head = 0, b""
         end = len(stream)
         while position < end:
-            if end - position < 2:
+            sizes = frame_header(stream, position)
+            if sizes is None:
                 self._head = stream[position:]
                 return
-            second = stream[position + 1]
-            length = second & 0x7F
-            extra = 2 if length == 126 else 8 if length == 127 else 0
-            header = 2 + extra + (4 if second & 0x80 else 0)
-            if end - position < header:
-                self._head = stream[position:]
-                return
-            if extra:
-                length = int.from_bytes(stream[position + 2:position + 2 + extra], "big")
-            frame_end = position + header + length
+            frame_end = position + sizes[0] + sizes[1]
             if frame_end > end:
                 self._skip = frame_end - end
                 return
