@@ -11,9 +11,12 @@ shared and noisy: only same-invocation ratios mean anything) and each
 figure is the median over repetitions.
 
 - tool round trip: one run of `calls` client tool calls (`tool.result` sent
-  -> next `tool.call`), server CPU over the run divided by the round trips
-  (a round trip is one `cowrite.tool` span, one `cowrite.model_call` span and
-  the decisions around them);
+  -> next `tool.call`) on each server at once, the servers' round trips taking
+  turns one by one (`interleaved_round_trips`); each server's CPU over its run
+  divided by its round trips (a round trip is one `cowrite.tool` span, one
+  `cowrite.model_call` span and the decisions around them). Taking turns trip
+  by trip puts the machine's slow spells on every server alike: with whole runs
+  back to back, two identical servers read up to 6% apart;
 - text stream: one run of `chars` characters in 2-character deltas, server
   CPU divided by the deltas produced (deltas never pass the tracing hook; the
   row shows that it stays so).
@@ -53,6 +56,7 @@ from bench import runs
 from bench.common import (
     BENCH_SECRET,
     CLIENT_CORE,
+    READ_TOOL,
     Proc,
     cowrite_join,
     free_port,
@@ -116,6 +120,49 @@ async def _round_trips(proc: Proc, calls: int) -> int:
     return len(trips) + 1  # the first tool.call has no round trip before it, the last has
 
 
+async def interleaved_round_trips(procs: dict[str, Proc], calls: int) -> dict[str, float]:
+    """Server CPU (us) per client tool round trip of each server, the servers' round
+    trips taking turns (the order reversed every turn): one run of `calls` calls each,
+    every answer sent only once the previous server's next call came back."""
+    sockets = {}
+    for name, proc in procs.items():
+        ws, _ = await cowrite_join(proc, f"trace-tools-{calls}", "executor")
+        await ws.send(orjson.dumps({"type": "run.start", "tools": [READ_TOOL],
+                                    "prompt": script_prompt("done", 4, tool_steps=calls),
+                                    "options": {"max_steps": calls + 1}}).decode())
+        sockets[name] = ws
+    try:
+        calls_now = {name: await _next_call(ws) for name, ws in sockets.items()}
+        before = {name: cpu_ns(proc) for name, proc in procs.items()}
+        names = list(procs)
+        for turn in range(calls - 1):
+            for name in names if turn % 2 == 0 else names[::-1]:
+                calls_now[name] = await _answered(sockets[name], calls_now[name])
+        spent = {name: (cpu_ns(procs[name]) - before[name]) / 1000 / (calls - 1)
+                 for name in names}
+        for name, ws in sockets.items():  # the last answer ends each run
+            await _answered(ws, calls_now[name], until="run.finished")
+        return spent
+    finally:
+        for ws in sockets.values():
+            await ws.close()
+
+
+async def _next_call(ws: Any, until: str = "tool.call") -> dict[str, Any]:
+    while True:
+        event: dict[str, Any] = orjson.loads(await ws.recv())
+        if event["type"] == until:
+            return event
+
+
+async def _answered(ws: Any, call: dict[str, Any], until: str = "tool.call"
+                    ) -> dict[str, Any]:
+    await ws.send(orjson.dumps({"type": "tool.result", "run_id": call["run_id"],
+                                "call_id": call["call_id"], "token": call["token"],
+                                "output": {"text": "doc"}}).decode())
+    return await _next_call(ws, until)
+
+
 def _write_no_sdk(directory: str) -> None:
     Path(directory, "sitecustomize.py").write_text(NO_SDK)
 
@@ -141,8 +188,9 @@ async def measure(quick: bool = False) -> dict[str, Any]:
                 await _cpu_us(proc, text_stream, 2_000)
             for rep in range(reps):
                 order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]
-                for variant in order:
-                    tool[variant].append(await _cpu_us(procs[variant], _round_trips, calls))
+                spent = await interleaved_round_trips({v: procs[v] for v in order}, calls)
+                for variant in VARIANTS:
+                    tool[variant].append(spent[variant])
                 for variant in order:
                     text[variant].append(await _cpu_us(procs[variant], text_stream, chars))
     out: dict[str, Any] = {"reps": rounds * reps, "calls": calls, "chars": chars,
@@ -182,9 +230,9 @@ def rows(m: dict[str, Any]) -> list[tuple[str, str, str, str, str, bool]]:
     on, off, text_on = m["tool_on_ratio"], m["tool_off_ratio"], m["text_on_ratio"]
     return [
         ("tracing overhead: server CPU per client tool round trip, tracing on with a no-op "
-         f"exporter (bare column: off; medians of {m['reps']} alternating runs of "
-         f"{m['calls']} round trips on {m['rounds']} set{'s' * (m['rounds'] != 1)} of servers; "
-         "ratio: the median of "
+         f"exporter (bare column: off; medians of {m['reps']} runs of {m['calls']} round "
+         "trips, the servers' round trips taking turns one by one, on "
+         f"{m['rounds']} set{'s' * (m['rounds'] != 1)} of servers; ratio: the median of "
          "the runs' paired ratios)",
          f"{m['tool_on_us']:.0f} us", f"{m['tool_off_us']:.0f} us", f"{on:.3f}x",
          "<= 1.05x", on <= 1.05),
