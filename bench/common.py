@@ -132,6 +132,32 @@ async def cowrite_join(proc: Served, document_id: str, client_id: str, sub: str 
     return ws, welcome
 
 
+async def start_tool_run(proc: Served, document_id: str, calls: int) -> ClientConnection:
+    """A joined connection whose run asks for `calls` client tool calls (`read_document`)."""
+    ws, _ = await cowrite_join(proc, document_id, "executor")
+    await ws.send(orjson.dumps({"type": "run.start", "tools": [READ_TOOL],
+                                "prompt": script_prompt("done", 4, tool_steps=calls),
+                                "options": {"max_steps": calls + 1}}).decode())
+    return ws
+
+
+async def next_of_type(ws: ClientConnection, kind: str) -> dict[str, Any]:
+    """The next event of type `kind` (the others are read and dropped)."""
+    while True:
+        event: dict[str, Any] = orjson.loads(await ws.recv())
+        if event["type"] == kind:
+            return event
+
+
+async def answer_call(ws: ClientConnection, call: dict[str, Any], until: str = "tool.call"
+                      ) -> dict[str, Any]:
+    """Send `call`'s `tool.result`; the next event of type `until`."""
+    await ws.send(orjson.dumps({"type": "tool.result", "run_id": call["run_id"],
+                                "call_id": call["call_id"], "token": call["token"],
+                                "output": {"text": "doc"}}).decode())
+    return await next_of_type(ws, until)
+
+
 class LoopLag:
     """How late this process's own event loop wakes a 5 ms sleep, sampled for as
     long as it runs: a load generator whose loop lags measures itself, not the

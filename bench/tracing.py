@@ -56,13 +56,15 @@ from bench import runs
 from bench.common import (
     BENCH_SECRET,
     CLIENT_CORE,
-    READ_TOOL,
     Proc,
+    answer_call,
     cowrite_join,
     free_port,
+    next_of_type,
     pin,
     script_prompt,
     server_process,
+    start_tool_run,
 )
 
 VARIANTS = ("off", "on", "no_sdk")
@@ -124,43 +126,24 @@ async def interleaved_round_trips(procs: dict[str, Proc], calls: int) -> dict[st
     """Server CPU (us) per client tool round trip of each server, the servers' round
     trips taking turns (the order reversed every turn): one run of `calls` calls each,
     every answer sent only once the previous server's next call came back."""
-    sockets = {}
-    for name, proc in procs.items():
-        ws, _ = await cowrite_join(proc, f"trace-tools-{calls}", "executor")
-        await ws.send(orjson.dumps({"type": "run.start", "tools": [READ_TOOL],
-                                    "prompt": script_prompt("done", 4, tool_steps=calls),
-                                    "options": {"max_steps": calls + 1}}).decode())
-        sockets[name] = ws
+    sockets = {name: await start_tool_run(proc, f"trace-tools-{calls}", calls)
+               for name, proc in procs.items()}
     try:
-        calls_now = {name: await _next_call(ws) for name, ws in sockets.items()}
+        calls_now = {name: await next_of_type(ws, "tool.call") for name, ws in sockets.items()}
         before = {name: cpu_ns(proc) for name, proc in procs.items()}
         names = list(procs)
         for turn in range(calls - 1):
             for name in names if turn % 2 == 0 else names[::-1]:
-                calls_now[name] = await _answered(sockets[name], calls_now[name])
+                calls_now[name] = await answer_call(sockets[name], calls_now[name])
         spent = {name: (cpu_ns(procs[name]) - before[name]) / 1000 / (calls - 1)
                  for name in names}
         for name, ws in sockets.items():  # the last answer ends each run
-            await _answered(ws, calls_now[name], until="run.finished")
+            await answer_call(ws, calls_now[name], until="run.finished")
         return spent
     finally:
         for ws in sockets.values():
             await ws.close()
 
-
-async def _next_call(ws: Any, until: str = "tool.call") -> dict[str, Any]:
-    while True:
-        event: dict[str, Any] = orjson.loads(await ws.recv())
-        if event["type"] == until:
-            return event
-
-
-async def _answered(ws: Any, call: dict[str, Any], until: str = "tool.call"
-                    ) -> dict[str, Any]:
-    await ws.send(orjson.dumps({"type": "tool.result", "run_id": call["run_id"],
-                                "call_id": call["call_id"], "token": call["token"],
-                                "output": {"text": "doc"}}).decode())
-    return await _next_call(ws, until)
 
 
 def _write_no_sdk(directory: str) -> None:
