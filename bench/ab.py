@@ -44,10 +44,10 @@ HERE = Path(__file__).resolve().parent.parent
 
 
 @contextlib.asynccontextmanager
-async def checkout_server(tree: Path) -> AsyncIterator[Proc]:
+async def checkout_server(tree: Path, **extra: str) -> AsyncIterator[Proc]:
     """`python -m server` of the checkout `tree` (its code first on the path)."""
     port = free_port()
-    env = {**server_env(port), "PYTHONPATH": str(tree)}
+    env = {**server_env(port, **extra), "PYTHONPATH": str(tree)}
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "server", env=env, cwd=tree, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
@@ -87,8 +87,8 @@ async def paired_run(servers: dict[str, Proc], calls: int, tag: str
             await ws.close()
 
 
-async def compare(other: Path, calls: int, reps: int) -> str:
-    async with checkout_server(other) as a, checkout_server(HERE) as b:
+async def compare(other: Path, calls: int, reps: int, env: dict[str, str]) -> str:
+    async with checkout_server(other, **env) as a, checkout_server(HERE, **env) as b:
         servers = {"A": a, "B": b}
         await paired_run(servers, 100, "warm")
         p50_ratios, cpu_ratios = [], []
@@ -109,11 +109,14 @@ def main() -> None:
     parser.add_argument("other", type=Path, help="the other checkout (A)")
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting for both servers, e.g. COWRITE_OTEL=1 (repeatable)")
     args = parser.parse_args()
+    env = dict(item.partition("=")[::2] for item in args.env)
     if not (args.other / "server" / "__main__.py").is_file():
         parser.error(f"{args.other} is not a cowrite checkout (no server/__main__.py)")
     pin(0, CLIENT_CORE)
-    print(asyncio.run(compare(args.other.resolve(), args.calls, args.reps)))
+    print(asyncio.run(compare(args.other.resolve(), args.calls, args.reps, env)))
 
 
 if __name__ == "__main__":
