@@ -161,7 +161,7 @@ async def servers() -> AsyncIterator[dict[str, Proc]]:
 
 
 async def measure(quick: bool = False) -> dict[str, Any]:
-    rounds, reps, calls, chars = (1, 4, 60, 10_000) if quick else (3, 10, 200, 40_000)
+    rounds, reps, calls, chars = (1, 4, 60, 10_000) if quick else (6, 5, 200, 40_000)
     tool: dict[str, list[float]] = {v: [] for v in VARIANTS}
     text: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for _ in range(rounds):  # fresh servers each round: a process's own luck (hash seed,
