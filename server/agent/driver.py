@@ -154,13 +154,12 @@ class RunDriver:
 
     async def _last_resort(self) -> None:
         """However the driver ended, the run has its `run.finished`, the document is
-        free and waiters are answered."""
+        free and waiters are answered (unless another instance took the run over)."""
         self._timers.disarm("*")
         if self._started is not None and not self._started.done():
             self._started.set_result(False)
             self._released = True
-        if not self._released and not await self._holds_run():
-            self._released = True  # another instance took the run over: its end is theirs
+        self._released = self._released or not await self.lease.still_held(self.state)
         if not self._released and not self.state.finished:
             ref = new_ref()
             logger.error("run driver stopped early (ref %s); ending the run", ref,
@@ -181,18 +180,6 @@ class RunDriver:
         self._inbox.refuse_all(self._current)  # with the one whose application failed
         self.done.set()
         self._on_finished(self)
-
-    async def _holds_run(self) -> bool:
-        """Whether this instance may still end and free the run: a stale lease is confirmed
-        first (as `_execute` fences a decision), since a driver that failed while its
-        instance stalled may have lost the run to another instance, where it goes on."""
-        if not self._shared or not self.lease.stale:
-            return True
-        try:
-            return await self.lease.checkpoint(self.state)
-        except Exception:
-            logger.exception("could not confirm the lease of a failed run", extra=self.log_extra)
-            return True
 
     # -- applying inputs ------------------------------------------------------------
     async def _apply(self, event: Input, peer: Peer | None, sent: Envelope | None = None) -> bool:

@@ -88,6 +88,20 @@ class RunLease:
                 self._written = write.written
         return renewed
 
+    async def still_held(self, state: RunState) -> bool:
+        """Whether this instance may still end and free the run (a driver's last resort):
+        a stale lease is confirmed first, as the driver fences a decision, since a driver
+        that failed while its instance stalled may have lost the run to another instance,
+        where it goes on. An error while confirming keeps the old answer: it is held."""
+        if not self.stale:
+            return True
+        try:
+            return await self.checkpoint(state)
+        except Exception:
+            logger.exception("could not confirm the lease of a failed run",
+                             extra={"run_id": state.run_id})
+            return True
+
     async def keep(self, current: Callable[[], RunState]) -> bool:
         """Renew every third of the lease; True once it is lost, False when the run
         ended or moved on here (checked too, not only the cancel, which a library can
