@@ -173,8 +173,7 @@ class RunDriver:
                     elif isinstance(effect, Release):
                         await self._release(effect)
         if not self._released:
-            logger.error("run ended without its release; freeing the document",
-                         extra=self.log_extra)
+            logger.error("run ended without its release; freeing it", extra=self.log_extra)
             with contextlib.suppress(Exception):
                 await self.env.registry.release_run(self.state.document_id, self.run_id)
         self._inbox.refuse_all(self._current)  # with the one whose application failed
