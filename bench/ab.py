@@ -3,9 +3,9 @@
 For deciding whether a change to the round trip is worth keeping. `OTHER` is
 another checkout of cowrite (e.g. `git worktree add /tmp/base HEAD~1`), run
 with this checkout's Python and packages; this checkout is B. Both servers
-run at once, pinned to one core, and their round trips take turns one by one
-(the order reversed every turn), so the machine's slow spells, which move
-whole runs by 10-40% here, fall on both alike. Each repetition is one run of
+run at once, pinned to one core, and their round trips take turns one by
+one, so the machine's slow spells, which move whole runs by 10-40% here,
+fall on both alike. Each repetition is one run of
 `--calls` client tool calls per server; printed: the median over repetitions
 of B's p50 and CPU per round trip divided by A's, and their range.
 
@@ -21,7 +21,6 @@ import contextlib
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -29,16 +28,13 @@ from bench.common import (
     CLIENT_CORE,
     SERVER_CORE,
     Proc,
-    answer_call,
     free_port,
-    next_of_type,
     percentile,
     pin,
     server_env,
-    start_tool_run,
     wait_ready,
 )
-from bench.tracing import cpu_ns
+from bench.tracing import taking_turns
 
 HERE = Path(__file__).resolve().parent.parent
 
@@ -63,28 +59,10 @@ async def checkout_server(tree: Path, **extra: str) -> AsyncIterator[Proc]:
 
 async def paired_run(servers: dict[str, Proc], calls: int, tag: str
                      ) -> tuple[dict[str, float], dict[str, float]]:
-    """One run per server, round trips taking turns: each server's p50 (us) and
-    server CPU per round trip (us)."""
-    sockets = {name: await start_tool_run(proc, f"ab-{tag}", calls)
-               for name, proc in servers.items()}
-    try:
-        current = {name: await next_of_type(ws, "tool.call") for name, ws in sockets.items()}
-        trips: dict[str, list[float]] = {name: [] for name in servers}
-        before = {name: cpu_ns(proc) for name, proc in servers.items()}
-        names = list(servers)
-        for turn in range(calls - 1):
-            for name in names if turn % 2 == 0 else names[::-1]:
-                started = time.perf_counter()
-                current[name] = await answer_call(sockets[name], current[name])
-                trips[name].append((time.perf_counter() - started) * 1000)
-        cpu = {name: (cpu_ns(servers[name]) - before[name]) / 1000 / (calls - 1)
-               for name in names}
-        for name, ws in sockets.items():
-            await answer_call(ws, current[name], until="run.finished")
-        return {name: percentile(trips[name], 50) * 1000 for name in names}, cpu
-    finally:
-        for ws in sockets.values():
-            await ws.close()
+    """One run per server, round trips taking turns (`bench.tracing.taking_turns`):
+    each server's p50 (us) and server CPU per round trip (us)."""
+    cpu, trips = await taking_turns(servers, calls, f"ab-{tag}")
+    return {name: percentile(trips[name], 50) * 1000 for name in servers}, cpu
 
 
 async def compare(other: Path, calls: int, reps: int, env: dict[str, str]) -> str:

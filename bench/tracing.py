@@ -12,7 +12,7 @@ figure is the median over repetitions.
 
 - tool round trip: one run of `calls` client tool calls (`tool.result` sent
   -> next `tool.call`) on each server at once, the servers' round trips taking
-  turns one by one (`interleaved_round_trips`); each server's CPU over its run
+  turns one by one (`taking_turns`); each server's CPU over its run
   divided by its round trips (a round trip is one `cowrite.tool` span, one
   `cowrite.model_call` span and the decisions around them). Taking turns trip
   by trip puts the machine's slow spells on every server alike: with whole runs
@@ -44,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import timeit
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -122,34 +123,37 @@ async def _round_trips(proc: Proc, calls: int) -> int:
     return len(trips) + 1  # the first tool.call has no round trip before it, the last has
 
 
-async def interleaved_round_trips(procs: dict[str, Proc], calls: int) -> dict[str, float]:
-    """Server CPU (us) per client tool round trip of each server, the servers' round
-    trips taking turns: one run of `calls` calls each, every answer sent only once
-    the previous server's next call came back. The order rotates every turn (A B C,
-    B C A, C A B): every round trip follows another server's, and each server takes
-    each place as often. Reversing it instead (A B C, C B A) let the first and last
-    server follow themselves every other turn, caches still warm, and never the
-    middle one: tracing off against the server without the SDK, identical code,
-    read 1.01-1.03x that way, 1.00-1.01x rotated."""
-    sockets = {name: await start_tool_run(proc, f"trace-tools-{calls}", calls)
+async def taking_turns(procs: dict[str, Proc], calls: int, tag: str
+                       ) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """One run of `calls` client tool calls on each server, their round trips taking
+    turns, every answer sent only once the previous server's next call came back:
+    each server's CPU (us) per round trip and its round trips (ms). The order
+    rotates every turn (A B C, B C A, C A B): every round trip follows another
+    server's, and each server takes each place as often. Reversing it instead (A B
+    C, C B A) let the first and last server follow themselves every other turn,
+    caches still warm, and never the middle one: tracing off against the server
+    without the SDK, identical code, read 1.01-1.03x that way, 1.00-1.01x rotated."""
+    sockets = {name: await start_tool_run(proc, f"{tag}-{calls}", calls)
                for name, proc in procs.items()}
     try:
         calls_now = {name: await next_of_type(ws, "tool.call") for name, ws in sockets.items()}
+        trips: dict[str, list[float]] = {name: [] for name in procs}
         before = {name: cpu_ns(proc) for name, proc in procs.items()}
         names = list(procs)
         for turn in range(calls - 1):
             shift = turn % len(names)
             for name in names[shift:] + names[:shift]:
+                started = time.perf_counter()
                 calls_now[name] = await answer_call(sockets[name], calls_now[name])
+                trips[name].append((time.perf_counter() - started) * 1000)
         spent = {name: (cpu_ns(procs[name]) - before[name]) / 1000 / (calls - 1)
                  for name in names}
         for name, ws in sockets.items():  # the last answer ends each run
             await answer_call(ws, calls_now[name], until="run.finished")
-        return spent
+        return spent, trips
     finally:
         for ws in sockets.values():
             await ws.close()
-
 
 
 def _write_no_sdk(directory: str) -> None:
@@ -177,7 +181,8 @@ async def measure(quick: bool = False) -> dict[str, Any]:
                 await _cpu_us(proc, text_stream, 2_000)
             for rep in range(reps):
                 order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]
-                spent = await interleaved_round_trips({v: procs[v] for v in order}, calls)
+                spent, _ = await taking_turns({v: procs[v] for v in order}, calls,
+                                            "trace-tools")
                 for variant in VARIANTS:
                     tool[variant].append(spent[variant])
                 for variant in order:
