@@ -142,5 +142,36 @@ async def test_checkpoint_parts_go_with_the_owners_record_only(backend: Backend)
                                        RunParts(("x",)))  # not the active run: nothing
     assert await backend.renew_run("doc-p", record, 10, RunParts(("d",), reset=True))
     assert await backend.run_parts("doc-p") == ["d"]
-    await backend.release_run("doc-p", "r1")
+    await backend.release_run("doc-p", "r1", "instance-1")
     assert await backend.run_parts("doc-p") == []
+
+
+async def test_only_the_lease_holder_frees_the_document(backend: Backend) -> None:
+    """A release names the instance releasing: another instance's (one whose run was
+    taken over, say) leaves the run active, so it cannot end a run it no longer drives."""
+    record = {"run_id": "r1", "status": "running", "owner": "instance-1"}
+    assert await backend.claim_run("doc-o", record, 10) is None
+    await backend.release_run("doc-o", "r1", "instance-2")
+    assert (await backend.active_run("doc-o") or {}).get("run_id") == "r1"
+    await backend.release_run("doc-o", "r2", "instance-1")  # not the active run
+    assert (await backend.active_run("doc-o") or {}).get("run_id") == "r1"
+    await backend.release_run("doc-o", "r1", "instance-1")
+    assert await backend.active_run("doc-o") is None
+    assert await backend.claim_run("doc-o", {**record, "run_id": "r2"}, 10) is None
+
+
+async def test_a_run_taken_over_is_freed_by_its_new_holder_only() -> None:
+    async with redis_process() as proc:
+        backend = RedisBackend(proc.url)
+        await backend.start()
+        try:
+            record = {"run_id": "r1", "status": "running", "owner": "instance-1"}
+            assert await backend.claim_run("doc-t", record, 0.05) is None
+            await asyncio.sleep(0.1)  # the lease lapses; a survivor's janitor takes the run
+            assert [doc for doc, _ in await backend.expired_runs("survivor", 10)] == ["doc-t"]
+            await backend.release_run("doc-t", "r1", "instance-1")  # the stalled old owner
+            assert (await backend.active_run("doc-t") or {}).get("run_id") == "r1"
+            await backend.release_run("doc-t", "r1", "survivor")
+            assert await backend.active_run("doc-t") is None
+        finally:
+            await backend.close()

@@ -108,7 +108,7 @@ async def test_documents_in_use_are_never_evicted() -> None:
     assert backend.evict() == 1  # "c" now: idle and over the cap
     assert backend.document_count == 2
     backend.unsubscribe("watched", seen.append)
-    await backend.release_run("running", "r")
+    await backend.release_run("running", "r", "me")
     clock.now += 100
     backend.evict()
     assert backend.document_count == 0

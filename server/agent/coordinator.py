@@ -329,7 +329,7 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
                 if self.active is driver:
                     self.active = None
                 with contextlib.suppress(BackendUnavailable):
-                    await registry.release_run(self.document_id, state.run_id)
+                    await registry.release_run(self.document_id, state.run_id, self.env.instance_id)
         return accepted
 
     def _finished(self, driver: RunDriver) -> None:

@@ -175,7 +175,7 @@ class RunDriver:
         if not self._released:
             logger.error("run ended without its release; freeing it", extra=self.log_extra)
             with contextlib.suppress(Exception):
-                await self.env.registry.release_run(self.state.document_id, self.run_id)
+                await self.lease.free(self.state)
         self._inbox.refuse_all(self._current)  # with the one whose application failed
         self.done.set()
         self._on_finished(self)

@@ -116,6 +116,12 @@ class RunLease:
                                extra={"run_id": state.run_id})
                 return True
 
+    async def free(self, state: RunState) -> None:
+        """Free the document with no final record (a failed driver's last resort); only
+        while this instance holds the lease (the backend checks)."""
+        await self.env.registry.release_run(state.document_id, state.run_id,
+                                            self.env.instance_id)
+
     async def release(self, state: RunState) -> None:
         """Write the final record, then free the document, retrying a backend outage for
         half a lease (after that the lease lapses and a survivor cleans up)."""
@@ -126,7 +132,7 @@ class RunLease:
         while True:
             try:
                 await registry.put_run_record(state.document_id, state.run_id, record)
-                await registry.release_run(state.document_id, state.run_id)
+                await registry.release_run(state.document_id, state.run_id, self.env.instance_id)
                 return
             except BackendUnavailable:
                 if time.monotonic() > deadline:

@@ -308,7 +308,7 @@ class RunRouter:
                     "status": final.status, "user_id": final.user_id,
                     "client_id": final.client_id})
                 self.metrics.runs.labels(effect.status).inc()
-        await self.backend.release_run(document_id, state.run_id)
+        await self.backend.release_run(document_id, state.run_id, self.me)
         session = self.hub.get(document_id)  # its queued runs may start now
         try:
             await session.runs.start_queued()

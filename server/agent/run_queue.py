@@ -133,7 +133,8 @@ class RunQueueMixin:
                 if holder is not None:
                     return  # another run holds the document; its end kicks the queue
                 if await registry.remove_queued(self.document_id, state.run_id) is None:
-                    await registry.release_run(self.document_id, state.run_id)
+                    await registry.release_run(self.document_id, state.run_id,
+                                               self.env.instance_id)
                     return  # cancelled (or started elsewhere) meanwhile
             except BackendUnavailable:
                 logger.warning("the run queue could not be read: backend unavailable",

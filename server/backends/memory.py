@@ -340,9 +340,10 @@ class MemoryBackend(MemoryInstances):
     async def run_parts(self, document_id: str) -> list[str]:
         return list(self._run_parts.get(document_id, ()))
 
-    async def release_run(self, document_id: str, run_id: str) -> None:
+    async def release_run(self, document_id: str, run_id: str, owner: str) -> None:
         active = self._active.get(document_id)
-        if active is not None and active["run_id"] == run_id:
+        if active is not None and active["run_id"] == run_id \
+                and active.get("owner", owner) == owner:
             del self._active[document_id]
             self._run_parts.pop(document_id, None)
             self._touch(document_id)  # idle from now on, not from the run's start

@@ -357,9 +357,9 @@ class RedisBackend(RedisRunQueue, RedisInstances):
                   record["owner"]]))
         return bool(handed)
 
-    async def release_run(self, document_id: str, run_id: str) -> None:
+    async def release_run(self, document_id: str, run_id: str, owner: str) -> None:
         await self._call(self._release_run(keys=_run_keys(document_id),
-                                           args=[run_id, document_id]))
+                                           args=[run_id, document_id, owner]))
 
     async def active_run(self, document_id: str) -> dict[str, Any] | None:
         raw = await self._call(self._redis.get(f"cw:{{{document_id}}}:active"))

@@ -76,9 +76,12 @@ redis.call('SET', KEYS[3], '')
 redis.call('ZADD', KEYS[2], 0, ARGV[2])
 return 1
 """
+# Only the lease holder frees the document: an instance whose run was taken over
+# (it stalled past its lease) must not end the run its survivor now drives.
 RELEASE_RUN_LUA = """
 local active = redis.call('GET', KEYS[1])
-if active and cjson.decode(active)['run_id'] == ARGV[1] then
+if active and cjson.decode(active)['run_id'] == ARGV[1]
+    and redis.call('GET', KEYS[3]) == ARGV[3] then
   redis.call('DEL', KEYS[1], KEYS[3], KEYS[4])
   redis.call('ZREM', KEYS[2], ARGV[2])
 end
