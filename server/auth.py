@@ -88,13 +88,24 @@ class _Hmac:
         return outer.digest()
 
 
+# token -> user of the tokens this process issued last: the writers of a `tool.call`
+# ask whose token it carries (`call_token_user`) for every connection it goes to,
+# right after it was issued here. A token is unique (it names its call), so one map
+# serves every `Authenticator` of the process.
+_ISSUED_USERS: dict[str, str] = {}
+ISSUED_USERS_KEPT = 1024
+
+
 def call_token_user(token: str) -> str | None:
     """The user a per-call token was issued to, read without verifying it.
 
     Only for deciding who may *see* a token (the writer strips tokens from
     other users' `tool.call` frames); acceptance always goes through
-    `check_call_token`.
+    `check_call_token`. A token issued here is known without decoding it.
     """
+    known = _ISSUED_USERS.get(token)
+    if known is not None:
+        return known
     body = token.split(".", 1)[0].encode()
     try:
         payload = orjson.loads(b64url_decode(body))
@@ -204,7 +215,12 @@ class Authenticator:
             [grant.run_id, grant.call_id, grant.user_id, grant.document_id, grant.expires_at_ms]
         )
         body = b64url_encode(payload)
-        return (body + b"." + b64url_encode(self._call_mac.digest(body))).decode()
+        token = (body + b"." + b64url_encode(self._call_mac.digest(body))).decode()
+        issued = _ISSUED_USERS
+        issued[token] = grant.user_id
+        if len(issued) > ISSUED_USERS_KEPT:
+            del issued[next(iter(issued))]
+        return token
 
     def check_call_token(self, token: str, expected: CallGrant, now_ms: int) -> str | None:
         """None when `token` was issued for exactly `expected` and is unexpired; else why not."""

@@ -203,6 +203,25 @@ async def test_writer_waits_out_a_backend_outage_while_filling_a_gap() -> None:
     assert sent == [1, 2, 3, 4] and failures == 0
 
 
+def test_a_tokens_user_is_known_whoever_issued_it() -> None:
+    """Tokens issued here are looked up; others (another instance's, or older than the
+    bounded map) are decoded, with the same answer."""
+    from server import auth as auth_module
+
+    auth = Authenticator(Settings(jwt_secret=SECRET))
+    first = auth.issue_call_token(CallGrant("r", "c0", "alice", "d", 2**40))
+    later = [auth.issue_call_token(CallGrant("r", f"c{i}", f"user{i}", "d", 2**40))
+             for i in range(1, auth_module.ISSUED_USERS_KEPT + 50)]
+    assert len(auth_module._ISSUED_USERS) <= auth_module.ISSUED_USERS_KEPT
+    assert first not in auth_module._ISSUED_USERS and call_token_user(first) == "alice"
+    assert later[-1] in auth_module._ISSUED_USERS and call_token_user(later[-1]) == "user" + str(
+        auth_module.ISSUED_USERS_KEPT + 49)
+    other = Authenticator(Settings(jwt_secret=SECRET + "-other"))
+    foreign = other.issue_call_token(CallGrant("r", "cx", "bob", "d", 2**40))
+    auth_module._ISSUED_USERS.pop(foreign)  # as if another instance had issued it
+    assert call_token_user(foreign) == "bob"
+
+
 async def test_tool_call_tokens_reach_only_the_runs_user() -> None:
     auth = Authenticator(Settings(jwt_secret=SECRET))
     call_token = auth.issue_call_token(CallGrant("r", "c", "alice", "d", 2**40))
