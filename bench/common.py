@@ -80,12 +80,13 @@ def server_env(port: int, **env: str) -> dict[str, str]:
 
 @contextlib.asynccontextmanager
 async def server_process(kind: str, **env: str) -> AsyncIterator[Proc]:
-    """`kind` is "cowrite" (python -m server), "bare" (bench.bare_server) or
-    "sse" (bench.sse_server)."""
+    """`kind` is "cowrite" (python -m server), "bare" (bench.bare_server), "sse"
+    (bench.sse_server), "upstream" (bench.upstream) or "phases" (the server with
+    bench.phases' timestamps; it needs `PHASES_OUT` in `env`)."""
     port = free_port()
     environment = server_env(port, **env)
     module = {"cowrite": "server", "bare": "bench.bare_server", "sse": "bench.sse_server",
-              "upstream": "bench.upstream"}[kind]
+              "upstream": "bench.upstream", "phases": "bench.phases"}[kind]
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", module, env=environment,
         stdout=subprocess.DEVNULL,
@@ -149,12 +150,17 @@ async def next_of_type(ws: ClientConnection, kind: str) -> dict[str, Any]:
             return event
 
 
+def result_frame(call: dict[str, Any]) -> str:
+    """The bench's `tool.result` for a `tool.call` event."""
+    return orjson.dumps({"type": "tool.result", "run_id": call["run_id"],
+                         "call_id": call["call_id"], "token": call["token"],
+                         "output": {"text": "doc"}}).decode()
+
+
 async def answer_call(ws: ClientConnection, call: dict[str, Any], until: str = "tool.call"
                       ) -> dict[str, Any]:
     """Send `call`'s `tool.result`; the next event of type `until`."""
-    await ws.send(orjson.dumps({"type": "tool.result", "run_id": call["run_id"],
-                                "call_id": call["call_id"], "token": call["token"],
-                                "output": {"text": "doc"}}).decode())
+    await ws.send(result_frame(call))
     return await next_of_type(ws, until)
 
 

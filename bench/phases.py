@@ -1,13 +1,14 @@
 """Where a client tool round trip's time goes inside the server: `python -m bench.phases`.
 
-Starts the server with timestamps around the steps of a round trip (`--serve`:
-`python -m server` with a wrapper around a few of its functions, about a
-microsecond each), pinned as `make bench` pins it, answers `--calls` tool calls
-`--reps` times, and prints the median time of each step after the read of the
-`tool.result` (the server's own clock), for the most common sequence of steps,
-beside the client's p50. A profile in a loop reads each step warm; this reads it
-where it runs, between two idle waits of the event loop. A diagnosis, not a
-figure of record: it names server functions, so renaming one fails here loudly.
+Starts the server with timestamps around the steps of a round trip (this
+module again, with `PHASES_OUT` set: `python -m server` with a wrapper around
+a few of its functions, about a microsecond each), pinned as `make bench`
+pins it, answers `--calls` tool calls `--reps` times, and prints the median
+time of each step after the read of the `tool.result` (the server's own
+clock), for the most common sequence of steps, beside the client's p50. A
+profile in a loop reads each step warm; this reads it where it runs, between
+two idle waits of the event loop. A diagnosis, not a figure of record: it
+names server functions, so renaming one fails here loudly.
 """
 
 import argparse
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench import runs
-from bench.common import CLIENT_CORE, SERVER_CORE, Proc, free_port, pin, server_env, wait_ready
+from bench.common import CLIENT_CORE, pin, server_process
 
 Marks = list[tuple[str, int]]
 
@@ -101,19 +102,12 @@ async def measure(calls: int, reps: int) -> tuple[float, list[tuple[str, float]]
     """(client p50 us, [(step, median us after the read)], trips of that shape, trips)."""
     with tempfile.TemporaryDirectory(prefix="cowrite-phases-") as directory:
         out = os.path.join(directory, "marks.json")
-        port = free_port()
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.phases", "--serve", env=server_env(port, PHASES_OUT=out),
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
-        pin(process.pid, SERVER_CORE)
-        proc = Proc(process, port)
-        try:
-            await wait_ready(proc)
+        async with server_process("phases", PHASES_OUT=out) as proc:
             await runs.tool_round_trips(proc, 100, "warm")
             client: list[float] = []
             for rep in range(reps):
                 client += await runs.tool_round_trips(proc, calls, f"phases-{rep}")
-            process.send_signal(signal.SIGUSR1)
+            proc.process.send_signal(signal.SIGUSR1)
             trips = None
             for _ in range(200):
                 await asyncio.sleep(0.05)
@@ -122,9 +116,6 @@ async def measure(calls: int, reps: int) -> tuple[float, list[tuple[str, float]]
                     break
             if trips is None:
                 raise RuntimeError("the server wrote no marks")
-        finally:
-            process.terminate()
-            await process.wait()
     trips = trips[-calls * reps:]
     shapes = collections.Counter(tuple(label for label, _ in marks) for marks in trips)
     shape, count = shapes.most_common(1)[0]
@@ -138,11 +129,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.serve:
+    if os.environ.get("PHASES_OUT"):  # started by `measure` as the server
         serve()
         return
+    args = parser.parse_args()
     pin(0, CLIENT_CORE)
     p50, steps, count, total = asyncio.run(measure(args.calls, args.reps))
     print(f"client round trip p50 {p50:.0f} us; server steps, median us after the read "

@@ -10,13 +10,14 @@ import orjson
 from websockets.asyncio.client import ClientConnection, connect
 
 from bench.common import (
-    READ_TOOL,
     Proc,
     Served,
     cowrite_join,
     percentile,
+    result_frame,
     script_prompt,
     server_process,
+    start_tool_run,
 )
 
 LONG_STREAM = script_prompt("lorem ipsum " * 2000, chunk_chars=8, delay_ms=5)
@@ -77,9 +78,7 @@ async def _answer_calls(ws: ClientConnection, count: int | None) -> list[float]:
             now = time.perf_counter()
             if sent_at is not None:
                 trips.append((now - sent_at) * 1000)
-            await ws.send(orjson.dumps({
-                "type": "tool.result", "run_id": event["run_id"], "call_id": event["call_id"],
-                "token": event["token"], "output": {"text": "doc"}}).decode())
+            await ws.send(result_frame(event))
             sent_at = time.perf_counter()
         elif event["type"] == "run.finished":
             break
@@ -88,11 +87,7 @@ async def _answer_calls(ws: ClientConnection, count: int | None) -> list[float]:
 
 async def tool_round_trips(proc: Served, calls: int, document_id: str = "tools"
                            ) -> list[float]:
-    ws, _ = await cowrite_join(proc, document_id, "executor")
-    async with ws:
-        await ws.send(orjson.dumps({"type": "run.start", "tools": [READ_TOOL],
-                                    "prompt": script_prompt("done", 4, tool_steps=calls),
-                                    "options": {"max_steps": calls + 1}}).decode())
+    async with await start_tool_run(proc, document_id, calls) as ws:
         return await _answer_calls(ws, None)
 
 
