@@ -6,28 +6,11 @@ from typing import Any
 import httpx
 import orjson
 
+from tests.adapter_support import sse, user_message
 from tests.harness import Server, joined, token
 from tests.runs import READ, REPLACE_DOC, call, script
 
 AUTH = {"Authorization": f"Bearer {token('alice')}"}
-
-
-async def _sse(http: httpx.AsyncClient, method: str, url: str, body: Any = None
-               ) -> tuple[int, list[Any]]:
-    items: list[Any] = []
-    async with http.stream(method, url, headers=AUTH, json=body, timeout=10) as response:
-        if response.status_code != 200:
-            await response.aread()
-            return response.status_code, [response.json()] if response.content else []
-        async for line in response.aiter_lines():
-            if line.startswith("data: "):
-                data = line[len("data: "):]
-                items.append(data if data == "[DONE]" else orjson.loads(data))
-    return 200, items
-
-
-def _user(text: str) -> dict[str, Any]:
-    return {"id": "u1", "role": "user", "parts": [{"type": "text", "text": text}]}
 
 
 async def test_ai_sdk_client_tool_continues_the_same_run(server: Server) -> None:
@@ -36,8 +19,8 @@ async def test_ai_sdk_client_tool_continues_the_same_run(server: Server) -> None
     url = f"{server.http}/v1/ai-sdk/doc-1/chat"
     async with joined(server, sub="bob", client_id="watcher") as (watcher, _), \
             httpx.AsyncClient() as http:
-        status, chunks = await _sse(http, "POST", url, {
-            "id": "chat1", "messages": [_user(prompt)], "trigger": "submit-message",
+        status, chunks = await sse(http, "POST", url, {
+            "id": "chat1", "messages": [user_message(prompt)], "trigger": "submit-message",
             "tools": [READ]})
         assert status == 200 and chunks[-1] == "[DONE]"
         types = [c["type"] for c in chunks[:-1]]
@@ -52,8 +35,8 @@ async def test_ai_sdk_client_tool_continues_the_same_run(server: Server) -> None
         assistant = {"id": chunks[0]["messageId"], "role": "assistant", "parts": [
             {"type": "tool-read_document", "toolCallId": tool["toolCallId"],
              "state": "output-available", "input": {}, "output": {"text": "hi"}}]}
-        status, rest = await _sse(http, "POST", url, {
-            "id": "chat1", "messages": [_user(prompt), assistant], "tools": [READ]})
+        status, rest = await sse(http, "POST", url, {
+            "id": "chat1", "messages": [user_message(prompt), assistant], "tools": [READ]})
         assert status == 200
         assert [c["type"] for c in rest[:-1]][-1] == "finish"
         assert rest[-2] == {"type": "finish", "finishReason": "stop"}
@@ -65,8 +48,8 @@ async def test_ai_sdk_client_tool_continues_the_same_run(server: Server) -> None
 
         replayed = await http.get(f"{url}/chat1/stream", headers=AUTH)
         assert replayed.status_code == 204
-        again = await _sse(http, "POST", url, {"id": "chat1",
-                                               "messages": [_user(prompt), assistant]})
+        again = await sse(http, "POST", url, {"id": "chat1",
+                                               "messages": [user_message(prompt), assistant]})
         assert again[0] == 409 and again[1][0]["code"] == "call_not_pending"
 
 
@@ -75,16 +58,16 @@ async def test_ai_sdk_approval_and_edit_abort(server: Server) -> None:
     url = f"{server.http}/v1/ai-sdk/doc-2/chat"
     async with joined(server, "doc-2", client_id="editor") as (editor, _), \
             httpx.AsyncClient() as http:
-        _, chunks = await _sse(http, "POST", url, {
-            "id": "c2", "messages": [_user(prompt)], "tools": [REPLACE_DOC]})
+        _, chunks = await sse(http, "POST", url, {
+            "id": "c2", "messages": [user_message(prompt)], "tools": [REPLACE_DOC]})
         request = next(c for c in chunks if c != "[DONE]" and c["type"] == "tool-approval-request")
         assert not any(c != "[DONE]" and c["type"] == "tool-input-available" for c in chunks)
         assistant = {"id": "a", "role": "assistant", "parts": [
             {"type": "tool-replace_document", "toolCallId": request["toolCallId"],
              "state": "approval-responded", "input": {"text": "New"},
              "approval": {"id": request["approvalId"], "approved": True}}]}
-        _, after = await _sse(http, "POST", url, {
-            "id": "c2", "messages": [_user(prompt), assistant], "tools": [REPLACE_DOC]})
+        _, after = await sse(http, "POST", url, {
+            "id": "c2", "messages": [user_message(prompt), assistant], "tools": [REPLACE_DOC]})
         kinds = [c["type"] for c in after[:-1]]
         assert kinds == ["start", "tool-approval-response", "tool-input-available", "finish"]
         resolved = await editor.recv_until("approval.resolved")
@@ -102,7 +85,7 @@ async def test_ai_sdk_reconnect_replays_and_cancel_from_websocket(server: Server
     url = f"{server.http}/v1/ai-sdk/doc-3/chat"
     async with joined(server, "doc-3", client_id="tab") as (tab, _), httpx.AsyncClient() as http:
         async with http.stream("POST", url, headers=AUTH, json={
-                "id": "c3", "messages": [_user(slow)]}, timeout=10) as first:
+                "id": "c3", "messages": [user_message(slow)]}, timeout=10) as first:
             assert first.headers["x-vercel-ai-ui-message-stream"] == "v1"
             lines = first.aiter_lines()
             async for line in lines:
@@ -130,12 +113,12 @@ async def test_ai_sdk_reconnect_replays_and_cancel_from_websocket(server: Server
 async def test_ai_sdk_refusals(server: Server) -> None:
     url = f"{server.http}/v1/ai-sdk/doc-4/chat"
     async with httpx.AsyncClient() as http:
-        no_auth = await http.post(url, json={"id": "c", "messages": [_user("hi")]})
+        no_auth = await http.post(url, json={"id": "c", "messages": [user_message("hi")]})
         assert no_auth.status_code == 401
         bad = await http.post(url, headers=AUTH, json={"id": "c", "messages": []})
         assert bad.status_code == 400 and bad.json()["code"] == "invalid_message"
         bad_tools = await http.post(url, headers=AUTH, json={
-            "id": "c", "messages": [_user("hi")], "tools": [{"name": "bad name"}]})
+            "id": "c", "messages": [user_message("hi")], "tools": [{"name": "bad name"}]})
         assert bad_tools.status_code == 400
 
 
@@ -148,7 +131,7 @@ async def test_agui_frontend_tool_and_finish(server: Server) -> None:
     user = {"id": "m1", "role": "user", "content": prompt}
     async with joined(server, "doc-5", client_id="w") as (watcher, _), \
             httpx.AsyncClient() as http:
-        _, events = await _sse(http, "POST", url, {**base, "runId": "agui-run-1",
+        _, events = await sse(http, "POST", url, {**base, "runId": "agui-run-1",
                                                    "messages": [user]})
         kinds = [e["type"] for e in events]
         assert kinds[0] == "RUN_STARTED" and kinds[-1] == "RUN_FINISHED"
@@ -162,7 +145,7 @@ async def test_agui_frontend_tool_and_finish(server: Server) -> None:
             {"id": call_id, "type": "function",
              "function": {"name": "read_document", "arguments": "{}"}}]},
             {"id": "m3", "role": "tool", "toolCallId": call_id, "content": '{"text": "doc"}'}]
-        _, rest = await _sse(http, "POST", url, {**base, "runId": "agui-run-2",
+        _, rest = await sse(http, "POST", url, {**base, "runId": "agui-run-2",
                                                  "messages": messages})
         assert [e["type"] for e in rest] == [
             "RUN_STARTED", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_CONTENT",

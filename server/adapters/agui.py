@@ -184,6 +184,12 @@ def _answer(run: ChatRun[BaseEvent], data: RunAgentInput) -> Any:
     return None
 
 
+def _answers_something(data: RunAgentInput) -> bool:
+    """The input could answer a pending call (a resume entry or a tool message): worth
+    looking for the thread's run on another instance (`ChatRuns.find`)."""
+    return bool(data.resume) or any(message.role == "tool" for message in data.messages)
+
+
 def _prompt(data: RunAgentInput) -> str:
     for message in reversed(data.messages):
         if message.role == "user":
@@ -198,6 +204,12 @@ async def _open(services: Services, runs: ChatRuns, document_id: str, request: R
                 data: RunAgentInput) -> tuple[ChatRun[BaseEvent], int]:
     principal = principal_for(services, bearer_token(request), document_id)
     existing = runs.get(KIND, document_id, data.thread_id)
+    if existing is None and _answers_something(data):
+        found = await runs.find(KIND, document_id, data.thread_id, principal,
+                                lambda _run_id: AguiTranslator(data.thread_id, data.run_id))
+        if isinstance(found, Error):
+            raise HttpFailure.of(found)
+        existing = found
     message = _answer(existing, data) if existing is not None else None
     if existing is not None and message is not None:
         if principal.user_id != existing.link.conn.user_id:

@@ -38,6 +38,7 @@ from server.adapters.http import (
     principal_for,
     read_object,
 )
+from server.adapters.link import new_message_id
 from server.auth import Principal
 from server.backends.base import BackendUnavailable
 from server.services import Services
@@ -111,8 +112,10 @@ async def open_segment(services: Services, runs: ChatRuns, document_id: str,
                        principal: Principal, request: ChatRequest) -> tuple[ChatRun[Chunk], int]:
     """Start the chat's run or deliver the frontend's answer; the run and where to stream from."""
     last = request.messages[-1]
-    existing = runs.get(KIND, document_id, request.id)
     if last.get("role") == "assistant":
+        existing = await runs.find(KIND, document_id, request.id, principal, AiSdkTranslator)
+        if isinstance(existing, Error):
+            raise HttpFailure.of(existing)
         message = _answer_in(existing, last) if existing is not None else None
         if existing is None or message is None:
             raise HttpFailure(ErrorCode.CALL_NOT_PENDING, "the last message answers no pending "
@@ -127,11 +130,12 @@ async def open_segment(services: Services, runs: ChatRuns, document_id: str,
     if last.get("role") != "user" or not prompt:
         raise HttpFailure(ErrorCode.INVALID_MESSAGE, "the last message must be the user's text "
                           "or answer a pending tool call")
-    start = RunStart(type="run.start", mode=request.mode, prompt=prompt,
+    run_id = f"run_{new_message_id()}"
+    start = RunStart(type="run.start", run_id=run_id, mode=request.mode, prompt=prompt,
                      context=request.context, tools=request.tools, options=request.options,
                      thread_id=request.thread_id or thread_for(request.id))
     run = await runs.start(KIND, document_id, request.id, principal, start,
-                           AiSdkTranslator(f"msg_{request.id}_{len(request.messages)}"))
+                           AiSdkTranslator(run_id))
     if isinstance(run, Error):
         raise HttpFailure.of(run)
     return run, 0
@@ -175,7 +179,13 @@ async def get_chat_stream(request: Request) -> Response:
         principal = principal_for(services, bearer_token(request), document_id, write=False)
     except HttpFailure as failure:
         return failure.response()
-    run = runs.get(KIND, document_id, chat_id) if re.fullmatch(CHAT_ID, chat_id) else None
-    if run is None or run.link.conn.user_id != principal.user_id:
+    if not re.fullmatch(CHAT_ID, chat_id):
+        return Response(status_code=204)
+    try:
+        run = await runs.find(KIND, document_id, chat_id, principal, AiSdkTranslator)
+    except BackendUnavailable:
+        return HttpFailure(ErrorCode.UNAVAILABLE, "the shared backend is unavailable; retry "
+                           "shortly", retry_after_ms=1000).response()
+    if run is None or isinstance(run, Error) or run.link.conn.user_id != principal.user_id:
         return Response(status_code=204)
     return _stream(run, 0)

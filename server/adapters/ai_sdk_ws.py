@@ -14,6 +14,7 @@ none); the socket stays open.
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -22,8 +23,9 @@ from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from protocol.parsing import ParseFailure, decode_frame
-from server.adapters.ai_sdk import KIND, open_segment, parse_request
-from server.adapters.ai_sdk_chunks import Chunk
+from protocol.server import Error
+from server.adapters.ai_sdk import CHAT_ID, KIND, open_segment, parse_request
+from server.adapters.ai_sdk_chunks import AiSdkTranslator, Chunk
 from server.adapters.chat import ChatRun, ChatRuns
 from server.adapters.http import DOCUMENT_ID, HttpFailure, principal_for
 from server.backends.base import BackendUnavailable
@@ -98,8 +100,11 @@ class _Socket:
                 skip = 0
             else:
                 chat_id = str(frame.get("id", ""))
-                found = self.runs.get(KIND, self.document_id, chat_id)
-                if found is None or found.link.conn.user_id != principal.user_id:
+                found = await self.runs.find(KIND, self.document_id, chat_id, principal,
+                                             AiSdkTranslator) if re.fullmatch(
+                                                 CHAT_ID, chat_id) else None
+                if found is None or isinstance(found, Error) \
+                        or found.link.conn.user_id != principal.user_id:
                     await self.write({"type": "no-active", "requestId": request_id})
                     return
                 run, start = found, 0

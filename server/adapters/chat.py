@@ -16,6 +16,11 @@ the live segment: the AI SDK's `resumeStreamIsReplay` contract.
 The link stays attached while the run waits on the frontend, so the run's
 executor is present and the usual tool and approval timeouts, not the
 client grace period, bound the wait. It leaves when the run finishes.
+
+A request may reach an instance other than the one that started the chat's
+run (a load balancer that is not sticky): `ChatRuns.find` then rebuilds the
+`ChatRun` there from the document log (adoption.py) and follows the run
+live too; its answers reach the run's owner through the cluster link.
 """
 
 import asyncio
@@ -35,7 +40,8 @@ from protocol.server import (
     ToolCall,
     ToolDone,
 )
-from server.adapters.link import Answer, RunLink, new_message_id
+from server.adapters.adoption import run_events
+from server.adapters.link import Answer, RunLink, new_message_id, parse_event
 from server.auth import Principal
 from server.services import Services
 
@@ -102,6 +108,12 @@ class ChatRun(Generic[Item]):
             if entry is not None and (isinstance(event, ToolDone) or entry.kind == "approval"):
                 del self.pending[call_id]
         items, ends = self.translator.translate(event, ours)
+        if items and not self.segment_open and not self.finished:
+            # The run went on without this instance opening the segment: the answer
+            # went through another instance (or the run ended on its own).
+            self.segment_start = len(self.items)
+            self.items.extend(self.translator.opening())
+            self.segment_open = True
         self.items.extend(items)
         if isinstance(event, RunFinished):
             self.finished = ends = True
@@ -167,15 +179,72 @@ class ChatRun(Generic[Item]):
 
 
 class ChatRuns:
-    """The adapters' active runs on this instance, by (adapter, document, chat)."""
+    """The adapters' active runs on this instance, by (adapter, document, chat): the
+    runs it started, and those another instance started that a request here
+    answered or reconnected to (`find`)."""
 
     def __init__(self, services: Services) -> None:
         self.services = services
         self.runs: dict[tuple[str, str, str], ChatRun[Any]] = {}
+        self._adopting = asyncio.Lock()
 
     def get(self, kind: str, document_id: str, chat_id: str) -> ChatRun[Any] | None:
         run = self.runs.get((kind, document_id, chat_id))
         return None if run is None or run.finished else run
+
+    async def find(self, kind: str, document_id: str, chat_id: str, principal: Principal,
+                   translator: Callable[[str], Translator[Item]]
+                   ) -> ChatRun[Item] | Error | None:
+        """The chat's active run, wherever it started; None when it has none.
+
+        A run started through another instance is rebuilt here from the document
+        log (adoption.py) with `translator(run_id)`, then followed live; the user
+        must be the run's (else a `forbidden` error, as for a run of this
+        instance). Each instance adopts a run at most once (the lock), and keeps
+        it until it finishes, like the runs it started."""
+        found = self.get(kind, document_id, chat_id)
+        if found is not None:
+            return found
+        async with self._adopting:
+            found = self.get(kind, document_id, chat_id)
+            if found is not None:
+                return found
+            record = await self.services.backend.active_run(document_id)
+            client_id = f"{kind}:{chat_id}"
+            if record is None or record.get("client_id") != client_id:
+                return None
+            if record.get("user_id") != principal.user_id:
+                return Error(code=ErrorCode.FORBIDDEN, message="only the run's user may answer "
+                             "or follow it")
+            return await self._adopt((kind, document_id, chat_id), str(record["run_id"]),
+                                     principal, client_id, translator)
+
+    async def _adopt(self, key: tuple[str, str, str], run_id: str, principal: Principal,
+                     client_id: str, translator: Callable[[str], Translator[Item]]
+                     ) -> ChatRun[Item] | None:
+        document_id = key[1]
+        epoch, last_seq, events = await run_events(
+            self.services.backend, document_id, run_id, self.services.settings.log_max_events)
+        link = RunLink(self.services, document_id, principal, client_id)
+        run: ChatRun[Item] = ChatRun(key, link, run_id, translator(run_id), self._forget)
+        link.on_event = run.on_event
+        try:
+            for logged in events:
+                event = parse_event(logged.frame)
+                if event is not None:
+                    run.on_event(event)
+            if run.finished:
+                return None  # its closer releases the link
+            await link.open(after=(epoch, last_seq))
+        except BaseException:
+            await link.close()
+            raise
+        if run.finished:
+            return None
+        self.runs[key] = run
+        logger.info("adapter run %s adopted from the log (%d events)", run_id, len(events),
+                    extra=link.conn.log_context)
+        return run
 
     async def start(self, kind: str, document_id: str, chat_id: str, principal: Principal,
                     start: RunStart, translator: Translator[Item]

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from protocol.client import ClientMessage, Hello
+from protocol.client import ClientMessage, Hello, ResumePoint
 from protocol.codes import ErrorCode
 from protocol.server import SERVER_EVENT_ADAPTER, Ack, Error, ServerEvent, Welcome
 from server.auth import Principal
@@ -69,9 +69,8 @@ class RunLink:
 
     async def _receive(self, frame: str) -> None:
         """The writer's `send`: parse and route one frame (never blocks)."""
-        try:
-            event = SERVER_EVENT_ADAPTER.validate_python(orjson.loads(frame))
-        except (orjson.JSONDecodeError, ValidationError):
+        event = parse_event(frame)
+        if event is None:
             logger.warning("adapter link got an unreadable frame", extra=self.conn.log_context)
             return
         if isinstance(event, Welcome):
@@ -83,9 +82,12 @@ class RunLink:
             return
         self.on_event(event)
 
-    async def open(self) -> None:
-        """Join the session (live events from now on, no replay) and start the writer."""
-        await self.session.join(self.conn, Hello(type="hello", client_id=self.conn.client_id))
+    async def open(self, after: tuple[str, int] | None = None) -> None:
+        """Join the session and start the writer: live events from now on, or with
+        `after` = (epoch, seq) every event after that seq first (the session's resume)."""
+        resume = None if after is None else ResumePoint(epoch=after[0], after_seq=after[1])
+        await self.session.join(self.conn, Hello(type="hello", client_id=self.conn.client_id,
+                                                 resume=resume))
         self._writer = asyncio.get_running_loop().create_task(self.outbound.run())
 
     async def ask(self, message: ClientMessage) -> Answer:
@@ -127,6 +129,14 @@ class RunLink:
         with contextlib.suppress(Exception):
             await self.session.detach(self.conn)
         self.services.hub.release(self.session)
+
+
+def parse_event(frame: str) -> ServerEvent | None:
+    """A server frame (a logged event's or a writer's) as its event; None if unreadable."""
+    try:
+        return SERVER_EVENT_ADAPTER.validate_python(orjson.loads(frame))
+    except (orjson.JSONDecodeError, ValidationError):
+        return None
 
 
 def new_message_id() -> str:

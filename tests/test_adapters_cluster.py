@@ -1,0 +1,146 @@
+"""AI SDK and AG-UI chats behind a load balancer that is not sticky: a chat's run
+started through one instance is answered, followed and reconnected to through
+another (two real `python -m server` processes on one real redis-server)."""
+
+from typing import Any
+
+import httpx
+import pytest
+
+from bench.common import Proc
+from tests.adapter_support import sse, user_message
+from tests.cluster_support import cluster, join
+from tests.harness import token, ws_client
+from tests.runs import READ, REPLACE_DOC, call, script
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+
+def _auth(sub: str = "alice") -> dict[str, str]:
+    return {"Authorization": f"Bearer {token(sub)}"}
+
+
+def _chat(proc: Proc, document_id: str) -> str:
+    return proc.url(f"/v1/ai-sdk/{document_id}/chat", "http")
+
+
+def _text(chunks: list[Any]) -> str:
+    return "".join(c["delta"] for c in chunks if isinstance(c, dict) and c["type"] == "text-delta")
+
+
+async def test_ai_sdk_chat_continues_and_reconnects_through_the_other_instance() -> None:
+    prompt = script({"say": "Reading.", "tool_calls": [call("read_document")]},
+                    {"say": "Read it.", "tool_calls": [call("replace_document", text="New")]},
+                    {"say": "Done."})
+    async with cluster() as (_, (one, two)), \
+            join(one, "doc-x", sub="bob", client_id="watcher") as (watcher, _), \
+            httpx.AsyncClient() as http:
+        status, first = await sse(http, "POST", _chat(one, "doc-x"), {
+            "id": "chat1", "messages": [user_message(prompt)], "tools": [READ, REPLACE_DOC]})
+        assert status == 200 and first[-2:] == [{"type": "finish", "finishReason": "tool-calls"},
+                                                "[DONE]"]
+        started = await watcher.recv_until("run.started")
+        assert first[0] == {"type": "start", "messageId": started["run_id"]}
+
+        # A reconnect through the other instance replays what the first one streamed.
+        status, replayed = await sse(http, "GET", f"{_chat(two, 'doc-x')}/chat1/stream")
+        assert status == 200 and replayed == first
+        assert (await http.get(f"{_chat(two, 'doc-x')}/chat1/stream",
+                               headers=_auth("carol"))).status_code == 204
+
+        tool = first[-3]
+        assert tool["type"] == "tool-input-available" and tool["toolName"] == "read_document"
+        assistant = {"id": first[0]["messageId"], "role": "assistant", "parts": [
+            {"type": "tool-read_document", "toolCallId": tool["toolCallId"],
+             "state": "output-available", "input": {}, "output": {"text": "hi"}}]}
+        body = {"id": "chat1", "messages": [user_message(prompt), assistant]}
+        refused = await sse(http, "POST", _chat(two, "doc-x"), body, sub="carol")
+        assert refused[0] == 403 and refused[1][0]["code"] == "forbidden"
+
+        status, rest = await sse(http, "POST", _chat(two, "doc-x"), body)
+        assert status == 200 and rest[0] == first[0]  # the same assistant message goes on
+        assert _text(rest) == "Read it."
+        assert rest[-3]["type"] == "tool-approval-request" and rest[-2]["finishReason"] == \
+            "tool-calls"
+        done = await watcher.recv_until("tool.done")
+        assert done["call_id"] == tool["toolCallId"] and done["output"] == {"text": "hi"}
+        for proc in (one, two):  # the first instance followed the answered run too
+            status, replayed = await sse(http, "GET", f"{_chat(proc, 'doc-x')}/chat1/stream")
+            assert status == 200 and replayed == first[:-1] + rest
+
+        # The approval is answered through the first instance, which saw the run go on.
+        call_id = rest[-3]["toolCallId"]
+        approving = {"id": first[0]["messageId"], "role": "assistant", "parts": [
+            *assistant["parts"],
+            {"type": "tool-replace_document", "toolCallId": call_id, "input": {"text": "New"},
+             "state": "approval-responded", "approval": {"id": call_id, "approved": True}}]}
+        status, approved = await sse(http, "POST", _chat(one, "doc-x"), {
+            "id": "chat1", "messages": [user_message(prompt), approving]})
+        assert status == 200 and approved[0] == first[0]
+        assert [c["type"] for c in approved[1:-1]] == [
+            "tool-approval-response", "tool-input-available", "finish"]
+
+        # ... and the tool's output through the second again, which followed it too.
+        replaced = {**approving, "parts": [*assistant["parts"], {
+            **approving["parts"][1], "state": "output-available", "output": {"ok": True}}]}
+        status, last = await sse(http, "POST", _chat(two, "doc-x"), {
+            "id": "chat1", "messages": [user_message(prompt), replaced]})
+        assert status == 200 and _text(last) == "Done." and last[-2:] == [
+            {"type": "finish", "finishReason": "stop"}, "[DONE]"]
+        finished = await watcher.recv_until("run.finished")
+        assert finished["run_id"] == started["run_id"] and finished["status"] == "completed"
+        assert [e["type"] for e in watcher.events].count("tool.done") == 2
+        assert [e["type"] for e in watcher.events].count("run.started") == 1
+        for proc in (one, two):  # both instances let the finished chat go
+            assert (await http.get(f"{_chat(proc, 'doc-x')}/chat1/stream",
+                                   headers=_auth())).status_code == 204
+        again = await sse(http, "POST", _chat(two, "doc-x"), body)
+        assert again[0] == 409 and again[1][0]["code"] == "call_not_pending"
+
+
+async def test_ai_sdk_websocket_resume_through_the_other_instance() -> None:
+    prompt = script({"say": "Reading.", "tool_calls": [call("read_document")]}, {"say": "Ok."})
+    async with cluster() as (_, (one, two)), httpx.AsyncClient() as http:
+        status, first = await sse(http, "POST", _chat(one, "doc-w"), {
+            "id": "chat2", "messages": [user_message(prompt)], "tools": [READ]})
+        assert status == 200
+        url = two.url("/v1/ai-sdk/doc-w/ws") + f"?token={token('alice')}"
+        async with ws_client(url) as ws:
+            await ws.send({"type": "resume", "requestId": "r1", "id": "chat2",
+                           "lastSequence": 1})
+            chunks = first[:-1]  # without "[DONE]"
+            frames = [await ws.recv() for _ in range(1 + len(chunks) - 2)]
+            assert frames[0] == {"type": "start", "requestId": "r1"}
+            assert [f["chunk"] for f in frames[1:]] == chunks[2:]  # after sequence 1
+            assert [f["sequence"] for f in frames[1:]] == list(range(len(chunks) - 2))
+            assert await ws.recv() == {"type": "end", "requestId": "r1"}
+            await ws.send({"type": "resume", "requestId": "r2", "id": "no-such-chat"})
+            assert await ws.recv() == {"type": "no-active", "requestId": "r2"}
+
+
+async def test_agui_thread_continues_through_the_other_instance() -> None:
+    prompt = script({"say": "Reading.", "tool_calls": [call("read_document")]}, {"say": "Fine."})
+    base = {"threadId": "t1", "state": {}, "context": [], "forwardedProps": {},
+            "tools": [{"name": "read_document", "description": "Read.",
+                       "parameters": READ["parameters"]}]}
+    user = {"id": "m1", "role": "user", "content": prompt}
+    async with cluster() as (_, (one, two)), \
+            join(one, "doc-g", sub="bob", client_id="w") as (watcher, _), \
+            httpx.AsyncClient() as http:
+        _, events = await sse(http, "POST", one.url("/v1/agui/doc-g", "http"),
+                               {**base, "runId": "agui-1", "messages": [user]})
+        call_id = events[-2]["toolCallId"]
+        assert events[-1]["outcome"] == {"type": "success", "pendingToolCallIds": [call_id]}
+        messages = [user, {"id": "m2", "role": "assistant", "toolCalls": [
+            {"id": call_id, "type": "function",
+             "function": {"name": "read_document", "arguments": "{}"}}]},
+            {"id": "m3", "role": "tool", "toolCallId": call_id, "content": '{"text": "doc"}'}]
+        _, rest = await sse(http, "POST", two.url("/v1/agui/doc-g", "http"),
+                             {**base, "runId": "agui-2", "messages": messages})
+        assert [e["type"] for e in rest] == [
+            "RUN_STARTED", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_CONTENT",
+            "TEXT_MESSAGE_END", "RUN_FINISHED"]
+        assert rest[0]["runId"] == rest[-1]["runId"] == "agui-2"
+        assert (await watcher.recv_until("tool.done"))["output"] == {"text": "doc"}
+        finished = await watcher.recv_until("run.finished")
+        assert finished["run_id"] == "agui-1" and finished["status"] == "completed"
