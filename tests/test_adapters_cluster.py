@@ -9,11 +9,12 @@ import pytest
 
 from bench.common import Proc
 from tests.adapter_support import sse, user_message
-from tests.cluster_support import cluster, join
+from tests.cluster_support import FAST_LEASE, cluster, join, killed
 from tests.harness import token, ws_client
 from tests.runs import READ, REPLACE_DOC, call, script
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
+TAKEOVER_S = 15  # the lease (1 s) + a janitor tick, on a loaded 2-core machine
 
 
 def _auth(sub: str = "alice") -> dict[str, str]:
@@ -144,3 +145,30 @@ async def test_agui_thread_continues_through_the_other_instance() -> None:
         assert (await watcher.recv_until("tool.done"))["output"] == {"text": "doc"}
         finished = await watcher.recv_until("run.finished")
         assert finished["run_id"] == "agui-1" and finished["status"] == "completed"
+
+
+async def test_ai_sdk_chat_outlives_the_instance_that_started_it() -> None:
+    prompt = script({"say": "Reading.", "tool_calls": [call("read_document")]},
+                    {"say": "Read it."})
+    async with cluster(env=FAST_LEASE) as (_, (one, two)), \
+            join(two, "doc-k", sub="bob", client_id="watcher") as (watcher, _), \
+            httpx.AsyncClient() as http:
+        status, first = await sse(http, "POST", _chat(one, "doc-k"), {
+            "id": "chat3", "messages": [user_message(prompt)], "tools": [READ]})
+        assert status == 200 and first[-2]["finishReason"] == "tool-calls"
+        await killed(one)  # kill -9 while the run waits on the frontend's tool
+
+        tool = first[-3]
+        assistant = {"id": first[0]["messageId"], "role": "assistant", "parts": [
+            {"type": "tool-read_document", "toolCallId": tool["toolCallId"],
+             "state": "output-available", "input": {}, "output": {"text": "hi"}}]}
+        status, rest = await sse(http, "POST", _chat(two, "doc-k"), {
+            "id": "chat3", "messages": [user_message(prompt), assistant]})
+        assert status == 200 and rest[0] == first[0]  # the answer waited for the takeover
+        assert _text(rest) == "Read it." and rest[-2:] == [
+            {"type": "finish", "finishReason": "stop"}, "[DONE]"]
+        resumed = await watcher.recv_until("run.resumed", timeout=TAKEOVER_S)
+        assert resumed["reason"] == "owner_lost"
+        finished = await watcher.recv_until("run.finished", timeout=TAKEOVER_S)
+        assert finished["status"] == "completed"
+        assert [e["type"] for e in watcher.events].count("tool.call") == 1
