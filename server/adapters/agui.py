@@ -207,9 +207,10 @@ async def _open(services: Services, runs: ChatRuns, document_id: str, request: R
     if existing is None and _answers_something(data):
         found = await runs.find(KIND, document_id, data.thread_id, principal,
                                 lambda _run_id: AguiTranslator(data.thread_id, data.run_id))
-        if isinstance(found, Error):
-            raise HttpFailure.of(found)
-        existing = found
+        # Another user's run of this thread is not adopted: the input (a whole history,
+        # tool messages included) goes on as that user's new prompt. (On the instance
+        # that started the run, an answer to its pending call by another user is 403.)
+        existing = None if isinstance(found, Error) else found
     message = _answer(existing, data) if existing is not None else None
     if existing is not None and message is not None:
         if principal.user_id != existing.link.conn.user_id:

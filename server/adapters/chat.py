@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from protocol.client import Approval, RunCancel, RunStart, ToolResult
@@ -43,6 +43,7 @@ from protocol.server import (
 from server.adapters.adoption import run_events
 from server.adapters.link import Answer, RunLink, new_message_id, parse_event
 from server.auth import Principal
+from server.redaction import frame_for_user
 from server.services import Services
 
 logger = logging.getLogger("cowrite.adapters")
@@ -88,6 +89,8 @@ class ChatRun(Generic[Item]):
         self.finished = False
         self._wake = asyncio.Event()
         self._closer: asyncio.Task[None] | None = None
+        self._answering = 0  # answers whose ack or error has not arrived yet
+        self._answered = asyncio.Event()
         self.items.extend(translator.opening())
 
     # -- events from the link --------------------------------------------------------
@@ -127,7 +130,12 @@ class ChatRun(Generic[Item]):
         wake.set()
 
     async def _close(self) -> None:
+        """Leave once the run finished, but not before the answers in flight have theirs:
+        with several instances `run.finished` may arrive before the ack of the result
+        that finished the run (each `ask` waits at most `REPLY_TIMEOUT_S`)."""
         self._on_done(self)
+        while self._answering:
+            await self._answered.wait()
         await self.link.close()
 
     # -- what requests do ---------------------------------------------------------
@@ -144,12 +152,15 @@ class ChatRun(Generic[Item]):
             await wake.wait()
 
     async def answer(self, message: ToolResult | Approval) -> Answer:
-        """Deliver the frontend's answer; on success a new segment is open."""
+        """Deliver the frontend's answer; on success a new segment is open. A refused
+        answer withdraws the segment's opening, unless events followed it (they
+        are the run's, e.g. its end, and stay in the segment they opened)."""
         previous = (self.segment_start, self.segment_open, len(self.items))
         self.segment_start, self.segment_open = len(self.items), True
         self.items.extend(self.translator.opening())
-        answer = await self.link.ask(message)
-        if isinstance(answer, Error) or answer.duplicate:
+        opened = len(self.items)
+        answer = await self._ask(message)
+        if (isinstance(answer, Error) or answer.duplicate) and len(self.items) == opened:
             start, was_open, length = previous
             del self.items[length:]
             self.segment_start, self.segment_open = start, was_open
@@ -174,8 +185,27 @@ class ChatRun(Generic[Item]):
                         reason=reason)
 
     async def cancel(self) -> Answer:
-        return await self.link.ask(RunCancel(type="run.cancel", id=new_message_id(),
-                                             run_id=self.run_id))
+        return await self._ask(RunCancel(type="run.cancel", id=new_message_id(),
+                                         run_id=self.run_id))
+
+    async def _ask(self, message: ToolResult | Approval | RunCancel) -> Answer:
+        """`link.ask`, counted: the link stays until every answer has arrived (`_close`)."""
+        self._answering += 1
+        try:
+            return await self.link.ask(message)
+        finally:
+            self._answering -= 1
+            if not self._answering:
+                answered, self._answered = self._answered, asyncio.Event()
+                answered.set()
+
+
+@dataclass
+class _Turnstile:
+    """One adoption of a chat at a time; kept while a request uses it."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
 
 
 class ChatRuns:
@@ -186,7 +216,7 @@ class ChatRuns:
     def __init__(self, services: Services) -> None:
         self.services = services
         self.runs: dict[tuple[str, str, str], ChatRun[Any]] = {}
-        self._adopting = asyncio.Lock()
+        self._adopting: dict[tuple[str, str, str], _Turnstile] = {}
 
     def get(self, kind: str, document_id: str, chat_id: str) -> ChatRun[Any] | None:
         run = self.runs.get((kind, document_id, chat_id))
@@ -205,19 +235,27 @@ class ChatRuns:
         found = self.get(kind, document_id, chat_id)
         if found is not None:
             return found
-        async with self._adopting:
-            found = self.get(kind, document_id, chat_id)
-            if found is not None:
-                return found
-            record = await self.services.backend.active_run(document_id)
-            client_id = f"{kind}:{chat_id}"
-            if record is None or record.get("client_id") != client_id:
-                return None
-            if record.get("user_id") != principal.user_id:
-                return Error(code=ErrorCode.FORBIDDEN, message="only the run's user may answer "
-                             "or follow it")
-            return await self._adopt((kind, document_id, chat_id), str(record["run_id"]),
-                                     principal, client_id, translator)
+        record = await self.services.backend.active_run(document_id)
+        client_id = f"{kind}:{chat_id}"
+        if record is None or record.get("client_id") != client_id:
+            return None
+        if record.get("user_id") != principal.user_id:
+            return Error(code=ErrorCode.FORBIDDEN, message="only the run's user may answer "
+                         "or follow it")
+        key = (kind, document_id, chat_id)
+        turnstile = self._adopting.setdefault(key, _Turnstile())
+        turnstile.users += 1
+        try:
+            async with turnstile.lock:
+                found = self.get(kind, document_id, chat_id)
+                if found is not None:
+                    return found
+                return await self._adopt(key, str(record["run_id"]), principal, client_id,
+                                         translator)
+        finally:
+            turnstile.users -= 1
+            if not turnstile.users:
+                del self._adopting[key]
 
     async def _adopt(self, key: tuple[str, str, str], run_id: str, principal: Principal,
                      client_id: str, translator: Callable[[str], Translator[Item]]
@@ -225,17 +263,18 @@ class ChatRuns:
         document_id = key[1]
         epoch, last_seq, events = await run_events(
             self.services.backend, document_id, run_id, self.services.settings.log_max_events)
+        view = translator(run_id)
         link = RunLink(self.services, document_id, principal, client_id)
-        run: ChatRun[Item] = ChatRun(key, link, run_id, translator(run_id), self._forget)
+        run: ChatRun[Item] = ChatRun(key, link, run_id, view, self._forget)
         link.on_event = run.on_event
         try:
-            for logged in events:
-                event = parse_event(logged.frame)
+            for logged in events:  # as the live link would see them (redacted for the user)
+                event = parse_event(frame_for_user(logged.frame, principal.user_id))
                 if event is not None:
                     run.on_event(event)
             if run.finished:
                 return None  # its closer releases the link
-            await link.open(after=(epoch, last_seq))
+            await link.open(after=(epoch, last_seq))  # caught up with the log when it returns
         except BaseException:
             await link.close()
             raise

@@ -37,6 +37,13 @@ REPLY_TIMEOUT_S = 10.0
 Answer = Ack | Error
 
 
+class ResumeFailed(BackendUnavailable):
+    """A link that was to follow on from a seq could not: the log no longer holds
+    the events after it (its epoch changed, or it was trimmed past them), or they
+    did not arrive in time. Like the backend being unavailable, a retry starts
+    afresh from the log."""
+
+
 class RunLink:
     """A connection of the adapter to one document session (see module doc)."""
 
@@ -60,6 +67,8 @@ class RunLink:
             log_context={"document_id": document_id, "user_id": principal.user_id})
         self._writer: asyncio.Task[Any] | None = None
         self.closed = False
+        self.last_seq = 0  # of the last durable event handed to `on_event`
+        self._caught_up: tuple[int, asyncio.Future[None]] | None = None
 
     async def _backfill(self, after: int, until: int) -> Any:
         backend = self.services.backend
@@ -81,14 +90,36 @@ class RunLink:
                 waiter.set_result(event)
             return
         self.on_event(event)
+        seq = getattr(event, "seq", None)
+        if isinstance(seq, int):
+            self.last_seq = seq
+            caught_up = self._caught_up
+            if caught_up is not None and seq >= caught_up[0] and not caught_up[1].done():
+                caught_up[1].set_result(None)
 
     async def open(self, after: tuple[str, int] | None = None) -> None:
         """Join the session and start the writer: live events from now on, or with
-        `after` = (epoch, seq) every event after that seq first (the session's resume)."""
+        `after` = (epoch, seq) every event after that seq first (the session's
+        resume), all of them handed to `on_event` before this returns, so the
+        caller sees the run as it is now. `ResumeFailed` when they cannot be."""
         resume = None if after is None else ResumePoint(epoch=after[0], after_seq=after[1])
-        await self.session.join(self.conn, Hello(type="hello", client_id=self.conn.client_id,
-                                                 resume=resume))
+        welcome = await self.session.join(self.conn, Hello(
+            type="hello", client_id=self.conn.client_id, resume=resume))
         self._writer = asyncio.get_running_loop().create_task(self.outbound.run())
+        if after is None:
+            return
+        if welcome.resume_failed is not None:
+            raise ResumeFailed(f"the document log could not resume: {welcome.resume_failed}")
+        self.last_seq = max(self.last_seq, after[1])
+        if self.last_seq < welcome.last_seq:
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._caught_up = (welcome.last_seq, done)
+            try:
+                await asyncio.wait_for(done, REPLY_TIMEOUT_S)
+            except TimeoutError:
+                raise ResumeFailed("the document's events did not arrive in time") from None
+            finally:
+                self._caught_up = None
 
     async def ask(self, message: ClientMessage) -> Answer:
         """Hand `message` (whose `id` must be set) to the session; its ack or error.
@@ -117,10 +148,18 @@ class RunLink:
             self._waiting.pop(message.id, None)
 
     async def close(self) -> None:
-        """Leave the session; the hub forgets it when nothing else holds it."""
+        """Leave the session; the hub forgets it when nothing else holds it. A
+        message still waiting for its answer gets `unavailable` at once, not
+        after `REPLY_TIMEOUT_S`: its answer can no longer arrive."""
         if self.closed:
             return
         self.closed = True
+        for message_id, waiter in list(self._waiting.items()):
+            if not waiter.done():
+                waiter.set_result(Error(
+                    code=ErrorCode.UNAVAILABLE, message="the adapter's link to the document "
+                    "closed before the run answered; retry shortly", reply_to=message_id,
+                    retry_after_ms=1000))
         writer = self._writer
         if writer is not None:
             writer.cancel()
