@@ -54,7 +54,7 @@ pytest: $(VENV)/.installed-test
 # The AI SDK / AG-UI adapters driven by the real `ai` and `@ag-ui/client` packages
 # (tests/node/adapters.test.mjs starts its own server from .venv).
 adapters-jstest: node-deps $(VENV)/.installed
-	@if [ -d $(NODE_DIR)/node_modules/ai ]; then node --test $(NODE_DIR)/adapters.test.mjs; \
+	@if [ -d $(NODE_DIR)/node_modules/ai ]; then node --test $(NODE_DIR)/adapters.test.mjs $(NODE_DIR)/adapters_cluster.test.mjs; \
 	elif [ "$$CI" = "true" ]; then echo "node and npm are required in CI" >&2; exit 1; \
 	else echo "npm packages missing: skipping the adapter node tests" >&2; fi
 
