@@ -230,8 +230,9 @@ class ChatRuns:
         A run started through another instance is rebuilt here from the document
         log (adoption.py) with `translator(run_id)`, then followed live; the user
         must be the run's (else a `forbidden` error, as for a run of this
-        instance). Each instance adopts a run at most once (the lock), and keeps
-        it until it finishes, like the runs it started."""
+        instance). One request of a chat adopts at a time (its turnstile), so an
+        instance adopts a run once, and keeps it until it finishes, like the runs
+        it started."""
         found = self.get(kind, document_id, chat_id)
         if found is not None:
             return found
