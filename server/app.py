@@ -40,6 +40,7 @@ from server.agent.steps import MachineConfig
 from server.auth import Authenticator, AuthError, Principal
 from server.backends.base import Backend
 from server.backends.memory import MemoryBackend
+from server.direct_route import DirectRoute
 from server.endpoint import DOCUMENT_ID_RE, document_socket
 from server.limits import HandshakeGate
 from server.observability import Metrics, configure_logging
@@ -53,6 +54,7 @@ from server.transport import TransportHandle
 
 THREAD_ID_RE = re.compile(THREAD_ID_PATTERN)
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+DOCUMENT_SOCKET = "/v1/documents/{document_id:path}/ws"
 
 
 class DevTokenRequest(BaseModel):
@@ -276,10 +278,12 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/v1/ai-sdk/{document_id}/chat/{chat_id}/stream", get_chat_stream),
         WebSocketRoute("/v1/ai-sdk/{document_id}/ws", ai_sdk_socket),
         Route("/v1/agui/{document_id}", post_agui, methods=["POST"]),
-        WebSocketRoute("/v1/documents/{document_id:path}/ws", document_socket),
+        WebSocketRoute(DOCUMENT_SOCKET, document_socket),  # reached through DirectRoute
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(TransportHandle)])
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[
+        Middleware(TransportHandle),
+        Middleware(DirectRoute, path=DOCUMENT_SOCKET, endpoint=document_socket)])
     app.state.services = services
     app.state.tools = tools
     app.state.chat_runs = chat_runs

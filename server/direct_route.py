@@ -1,0 +1,43 @@
+"""The document WebSocket handed straight to its endpoint, past Starlette's router.
+
+Starlette reaches a WebSocket endpoint through its exception middleware, the
+router, the route and two exception-handling wrappers: eight coroutine frames
+that stay suspended under every open connection for its whole life, and that
+are resumed, one inside the other, every time a frame arrives. The document
+socket needs none of them: it raises no `WebSocketException` (the one thing
+those wrappers handle for a WebSocket) and closes by itself on every path.
+This middleware matches the route's own path (Starlette's `compile_path`,
+so the same `{document_id:path}` rule and root path) and calls the endpoint
+with the `WebSocket` the route would have built; every other scope goes on
+to the router unchanged. Like `TransportHandle`, `__call__` returns the
+endpoint's awaitable rather than awaiting it, so it adds no frame itself.
+"""
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette._utils import get_route_path
+from starlette.routing import compile_path
+from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocket
+
+
+class DirectRoute:
+    def __init__(self, app: ASGIApp, path: str,
+                 endpoint: Callable[[WebSocket], Awaitable[None]]) -> None:
+        self.app = app
+        self.pattern, _, self.convertors = compile_path(path)
+        self.endpoint = endpoint
+
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        if scope["type"] == "websocket":
+            match = self.pattern.match(get_route_path(scope))
+            if match is not None:
+                params: dict[str, Any] = {name: self.convertors[name].convert(value)
+                                          for name, value in match.groupdict().items()}
+                scope["path_params"] = {**scope.get("path_params", {}), **params}
+                return self.endpoint(WebSocket(scope, receive=receive, send=send))
+        return self.app(scope, receive, send)
+
+
+__all__ = ["DirectRoute"]
