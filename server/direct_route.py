@@ -16,7 +16,6 @@ endpoint's awaitable rather than awaiting it, so it adds no frame itself.
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from starlette._utils import get_route_path
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
@@ -31,13 +30,24 @@ class DirectRoute:
 
     def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         if scope["type"] == "websocket":
-            match = self.pattern.match(get_route_path(scope))
+            match = self.pattern.match(_route_path(scope))
             if match is not None:
                 params: dict[str, Any] = {name: self.convertors[name].convert(value)
                                           for name, value in match.groupdict().items()}
                 scope["path_params"] = {**scope.get("path_params", {}), **params}
                 return self.endpoint(WebSocket(scope, receive=receive, send=send))
         return self.app(scope, receive, send)
+
+
+def _route_path(scope: Scope) -> str:
+    """The path the router matches: without the root path when the app is mounted
+    below one (Starlette's own rule, `starlette._utils.get_route_path`, which is
+    private, hence this copy)."""
+    path: str = scope["path"]
+    root_path: str = scope.get("root_path", "")
+    if root_path and path.startswith(root_path) and path[len(root_path):][:1] in ("", "/"):
+        return path[len(root_path):]
+    return path
 
 
 __all__ = ["DirectRoute"]

@@ -44,6 +44,8 @@ async def test_only_the_document_socket_takes_the_direct_way() -> None:
         {"type": "websocket", "path": "/v1/ai-sdk/doc-1/ws", "app": app},
         {"type": "http", "path": "/v1/documents/doc-1/ws", "app": app},
         {"type": "websocket", "path": "/v1/documents/doc-1/ws/", "app": app},
+        {"type": "websocket", "path": "/behindx/v1/documents/d/ws", "root_path": "/behind",
+         "app": app},
     ):
         await route(scope, _nothing, _ignore)
     assert seen.calls == [
@@ -52,6 +54,7 @@ async def test_only_the_document_socket_takes_the_direct_way() -> None:
         ("router", "websocket", "/v1/ai-sdk/doc-1/ws"),
         ("router", "http", "/v1/documents/doc-1/ws"),
         ("router", "websocket", "/v1/documents/doc-1/ws/"),
+        ("router", "websocket", "/behindx/v1/documents/d/ws"),
     ]
 
 
