@@ -4,8 +4,11 @@ Starlette reaches a WebSocket endpoint through its exception middleware, the
 router, the route and two exception-handling wrappers: eight coroutine frames
 that stay suspended under every open connection for its whole life, and that
 are resumed, one inside the other, every time a frame arrives. The document
-socket needs none of them: it raises no `WebSocketException` (the one thing
-those wrappers handle for a WebSocket) and closes by itself on every path.
+socket needs none of them: what those wrappers handle for a WebSocket is a
+`WebSocketException` or `HTTPException` raised by the endpoint (turned into a
+close or a denial response), and `document_socket` raises neither: it answers
+a refused handshake and closes by itself on every path. (Anything else it
+raised went through to uvicorn before, and still does.)
 This middleware matches the route's own path (Starlette's `compile_path`,
 so the same `{document_id:path}` rule and root path) and calls the endpoint
 with the `WebSocket` the route would have built; every other scope goes on

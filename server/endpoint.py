@@ -230,8 +230,9 @@ def _connection(ws: WebSocket, services: Services, session: DocumentSession, hel
 
 def _direct_write(ws: WebSocket) -> LeanSansIOProtocol | None:
     """The connection's uvicorn protocol when it is ours: it can write a frame without
-    the ASGI layers. Starlette keeps the server's own `receive` (the protocol's bound
-    method; only `send` gets wrapped), so the connection holds nothing more."""
+    the ASGI layers. The `WebSocket` keeps the server's own `receive` (the protocol's
+    bound method; `DirectRoute` passes uvicorn's `send` on unwrapped as well), so the
+    connection holds nothing more."""
     protocol = getattr(getattr(ws, "_receive", None), "__self__", None)
     return protocol if isinstance(protocol, LeanSansIOProtocol) else None
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.routing import Match, WebSocketRoute
 from starlette.websockets import WebSocket
 from websockets.exceptions import InvalidStatus
 
@@ -37,7 +38,7 @@ async def test_only_the_document_socket_takes_the_direct_way() -> None:
     seen = _Recorder()
     route = DirectRoute(seen.app, DOCUMENT_SOCKET, seen.endpoint)
     app = object()
-    for scope in (
+    scopes: list[dict[str, Any]] = [
         {"type": "websocket", "path": "/v1/documents/doc-1/ws", "app": app},
         {"type": "websocket", "path": "/behind/v1/documents/a:b.c/ws", "root_path": "/behind",
          "app": app},
@@ -46,8 +47,14 @@ async def test_only_the_document_socket_takes_the_direct_way() -> None:
         {"type": "websocket", "path": "/v1/documents/doc-1/ws/", "app": app},
         {"type": "websocket", "path": "/behindx/v1/documents/d/ws", "root_path": "/behind",
          "app": app},
-    ):
-        await route(scope, _nothing, _ignore)
+        {"type": "websocket", "path": "/behind", "root_path": "/behind", "app": app},
+    ]
+    for scope in scopes:
+        await route(dict(scope), _nothing, _ignore)
+    # The same decisions as the router's own route for that path.
+    route_of_router = WebSocketRoute(DOCUMENT_SOCKET, seen.endpoint)
+    direct = [call[0] == "endpoint" for call in seen.calls]
+    assert direct == [route_of_router.matches(scope)[0] == Match.FULL for scope in scopes]
     assert seen.calls == [
         ("endpoint", {"document_id": "doc-1"}, app),
         ("endpoint", {"document_id": "a:b.c"}, app),
@@ -55,6 +62,7 @@ async def test_only_the_document_socket_takes_the_direct_way() -> None:
         ("router", "http", "/v1/documents/doc-1/ws"),
         ("router", "websocket", "/v1/documents/doc-1/ws/"),
         ("router", "websocket", "/behindx/v1/documents/d/ws"),
+        ("router", "websocket", "/behind"),
     ]
 
 

@@ -14,6 +14,7 @@ from server.connection import Connection
 from server.observability import Metrics
 from server.outbound import CloseRequest, Outbound
 from server.tasks import ExpiryWheel
+from server.transport import TRANSPORT_KEY
 from server.wsprotocol import Flag, Inbox
 from tests.harness import joined, running_server
 
@@ -148,15 +149,15 @@ async def test_an_idle_connection_costs_two_tasks() -> None:
                                                     "Outbound.run"])
 
 
-def _await_chain(task: "asyncio.Task[Any]") -> list[str]:
-    """The coroutine frames a suspended task holds (file:function), outermost first."""
-    files: list[str] = []
+def _await_chain(task: "asyncio.Task[Any]") -> list[Any]:
+    """The coroutines a suspended task holds, outermost first."""
+    chain: list[Any] = []
     awaiting: Any = task.get_coro()
     while awaiting is not None and hasattr(awaiting, "cr_frame"):
         if awaiting.cr_frame is not None:
-            files.append(f"{awaiting.cr_code.co_filename}:{awaiting.cr_code.co_name}")
+            chain.append(awaiting)
         awaiting = awaiting.cr_await
-    return files
+    return chain
 
 
 async def test_an_idle_connection_waits_past_no_router_frames() -> None:
@@ -168,8 +169,12 @@ async def test_an_idle_connection_waits_past_no_router_frames() -> None:
         asgi = [task for task in asyncio.all_tasks()
                 if getattr(task.get_coro(), "__qualname__", "").endswith("run_asgi")]
         assert len(asgi) == 1
-        chain = _await_chain(asgi[0])
+        coroutines = _await_chain(asgi[0])
+        chain = [f"{c.cr_code.co_filename}:{c.cr_code.co_name}" for c in coroutines]
         assert any(frame.endswith("server/endpoint.py:_live") for frame in chain), chain
         assert not [frame for frame in chain if "starlette/routing.py" in frame
                     or "starlette/_exception_handler.py" in frame
                     or "starlette/middleware/exceptions.py" in frame], chain
+        # TransportHandle ran first: the endpoint can abort a peer that stops reading.
+        socket = next(c for c in coroutines if c.cr_code.co_name == "document_socket")
+        assert TRANSPORT_KEY in socket.cr_frame.f_locals["ws"].scope
