@@ -5,22 +5,15 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { createServer } from "node:net";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
 import WebSocket from "ws";
-import { DefaultChatTransport, WebSocketChatTransport, readUIMessageStream } from "ai";
+import { DefaultChatTransport, WebSocketChatTransport } from "ai";
 import { HttpAgent } from "@ag-ui/client";
+import { READ, freePort, last, readingAgent, script, user } from "./adapter_support.mjs";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 let server, base, token;
-
-const freePort = () => new Promise((resolve) => {
-  const probe = createServer().listen(0, "127.0.0.1", () => {
-    const { port } = probe.address();
-    probe.close(() => resolve(port));
-  });
-});
 
 before(async () => {
   const port = await freePort();
@@ -46,13 +39,9 @@ before(async () => {
 
 after(() => server?.kill());
 
-const script = (...steps) => JSON.stringify({ script: steps, chunk_chars: 4, delay_ms: 0 });
 const slowScript = (text) => JSON.stringify({ script: [{ say: text }], chunk_chars: 1, delay_ms: 20 });
-const READ = { name: "read_document", description: "Read the document.",
-  parameters: { type: "object", properties: {}, additionalProperties: false } };
 const REPLACE = { name: "replace_document", description: "Replace it.", requires_approval: true,
   parameters: { type: "object", required: ["text"], properties: { text: { type: "string" } } } };
-const user = (text, id = "u1") => ({ id, role: "user", parts: [{ type: "text", text }] });
 
 /** A cowrite WebSocket client of `doc` that records every event. */
 async function watcher(doc, clientId = "watcher") {
@@ -72,12 +61,6 @@ async function watcher(doc, clientId = "watcher") {
   ws.send(JSON.stringify({ type: "hello", protocol: 1, client_id: clientId, token }));
   await next((e) => e.type === "welcome");
   return { ws, events, next, send: (m) => ws.send(JSON.stringify(m)) };
-}
-
-async function last(stream, message) {
-  let final;
-  for await (const snapshot of readUIMessageStream({ stream, message })) final = snapshot;
-  return final;
 }
 
 test("DefaultChatTransport: a client tool answered by the frontend continues the same run", async () => {
@@ -188,12 +171,7 @@ test("an editor's change from a WebSocket client aborts an AI SDK run", async ()
 test("AG-UI HttpAgent: a frontend tool continues the same cowrite run", async () => {
   const doc = "node-agui-1";
   const watch = await watcher(doc);
-  const agent = new HttpAgent({ url: `${base}/v1/agui/${doc}`, threadId: "thread-1",
-    headers: { authorization: `Bearer ${token}` } });
-  agent.addMessage({ id: "m1", role: "user",
-    content: script({ say: "Let me read.", tool_calls: [{ name: "read_document", arguments: {} }] },
-      { say: "Done reading." }) });
-  const tools = [{ name: READ.name, description: READ.description, parameters: READ.parameters }];
+  const { agent, tools } = readingAgent(HttpAgent, `${base}/v1/agui/${doc}`, "thread-1", token);
   await agent.runAgent({ runId: "agui-node-1", tools });
   const assistant = agent.messages.find((m) => m.role === "assistant" && m.toolCalls?.length);
   const callId = assistant.toolCalls[0].id;

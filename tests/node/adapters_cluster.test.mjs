@@ -5,11 +5,11 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
-import { createServer } from "node:net";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
-import { DefaultChatTransport, readUIMessageStream } from "ai";
+import { DefaultChatTransport } from "ai";
 import { HttpAgent } from "@ag-ui/client";
+import { READ, freePort, last, readingAgent, script, user } from "./adapter_support.mjs";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 const HAVE_REDIS = spawnSync("redis-server", ["--version"]).status === 0;
@@ -18,13 +18,6 @@ const skip = HAVE_REDIS ? false : "redis-server not found (apt-get install redis
 const SECRET = "adapters-cluster-test-secret-0123456789";
 const children = [];
 let one, two, token;
-
-const freePort = () => new Promise((resolve) => {
-  const probe = createServer().listen(0, "127.0.0.1", () => {
-    const { port } = probe.address();
-    probe.close(() => resolve(port));
-  });
-});
 
 function started(command, args, env) {
   const child = spawn(command, args, { cwd: ROOT, stdio: ["ignore", "ignore", "pipe"], env });
@@ -78,16 +71,6 @@ after(async () => {
   }
 });
 
-const script = (...steps) => JSON.stringify({ script: steps, chunk_chars: 4, delay_ms: 0 });
-const READ = { name: "read_document", description: "Read the document.",
-  parameters: { type: "object", properties: {}, additionalProperties: false } };
-const user = (text) => ({ id: "u1", role: "user", parts: [{ type: "text", text }] });
-
-async function last(stream, message) {
-  let final;
-  for await (const snapshot of readUIMessageStream({ stream, message })) final = snapshot;
-  return final;
-}
 
 const transport = (base, doc) => new DefaultChatTransport({
   api: `${base}/v1/ai-sdk/${doc}/chat`, headers: { authorization: `Bearer ${token}` },
@@ -124,12 +107,7 @@ test("DefaultChatTransport: a chat started on one instance goes on through anoth
 test("AG-UI HttpAgent: a thread started on one instance goes on through another", { skip },
   async () => {
     const doc = "node-cluster-2";
-    const agent = new HttpAgent({ url: `${one}/v1/agui/${doc}`, threadId: "thread-x",
-      headers: { authorization: `Bearer ${token}` } });
-    agent.addMessage({ id: "m1", role: "user",
-      content: script({ say: "Let me read.", tool_calls: [{ name: "read_document", arguments: {} }] },
-        { say: "Done reading." }) });
-    const tools = [{ name: READ.name, description: READ.description, parameters: READ.parameters }];
+    const { agent, tools } = readingAgent(HttpAgent, `${one}/v1/agui/${doc}`, "thread-x", token);
     await agent.runAgent({ runId: "agui-cluster-1", tools });
     const assistant = agent.messages.find((m) => m.role === "assistant" && m.toolCalls?.length);
     agent.addMessage({ id: "m3", role: "tool", toolCallId: assistant.toolCalls[0].id,
