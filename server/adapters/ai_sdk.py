@@ -182,10 +182,10 @@ async def get_chat_stream(request: Request) -> Response:
     if not re.fullmatch(CHAT_ID, chat_id):
         return Response(status_code=204)
     try:
-        run = await runs.find(KIND, document_id, chat_id, principal, AiSdkTranslator)
+        run = await runs.followable(KIND, document_id, chat_id, principal, AiSdkTranslator)
     except BackendUnavailable:
         return HttpFailure(ErrorCode.UNAVAILABLE, "the shared backend is unavailable; retry "
                            "shortly", retry_after_ms=1000).response()
-    if run is None or isinstance(run, Error) or run.link.conn.user_id != principal.user_id:
+    if run is None:
         return Response(status_code=204)
     return _stream(run, 0)

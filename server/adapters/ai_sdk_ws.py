@@ -23,7 +23,6 @@ from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from protocol.parsing import ParseFailure, decode_frame
-from protocol.server import Error
 from server.adapters.ai_sdk import CHAT_ID, KIND, open_segment, parse_request
 from server.adapters.ai_sdk_chunks import AiSdkTranslator, Chunk
 from server.adapters.chat import ChatRun, ChatRuns
@@ -100,11 +99,10 @@ class _Socket:
                 skip = 0
             else:
                 chat_id = str(frame.get("id", ""))
-                found = await self.runs.find(KIND, self.document_id, chat_id, principal,
-                                             AiSdkTranslator) if re.fullmatch(
-                                                 CHAT_ID, chat_id) else None
-                if found is None or isinstance(found, Error) \
-                        or found.link.conn.user_id != principal.user_id:
+                found = await self.runs.followable(
+                    KIND, self.document_id, chat_id, principal, AiSdkTranslator
+                ) if re.fullmatch(CHAT_ID, chat_id) else None
+                if found is None:
                     await self.write({"type": "no-active", "requestId": request_id})
                     return
                 run, start = found, 0

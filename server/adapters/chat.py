@@ -258,6 +258,17 @@ class ChatRuns:
             if not turnstile.users:
                 del self._adopting[key]
 
+    async def followable(self, kind: str, document_id: str, chat_id: str,
+                         principal: Principal, translator: Callable[[str], Translator[Item]]
+                         ) -> ChatRun[Item] | None:
+        """`find` for a reconnect: the chat's active run when `principal` is its user,
+        else None (the frontend is told there is nothing to follow)."""
+        found = await self.find(kind, document_id, chat_id, principal, translator)
+        if found is None or isinstance(found, Error) \
+                or found.link.conn.user_id != principal.user_id:
+            return None
+        return found
+
     async def _adopt(self, key: tuple[str, str, str], run_id: str, principal: Principal,
                      client_id: str, translator: Callable[[str], Translator[Item]]
                      ) -> ChatRun[Item] | None:
