@@ -28,6 +28,7 @@ from server.adapters.agui import post_agui
 from server.adapters.ai_sdk import get_chat_stream, post_chat
 from server.adapters.ai_sdk_ws import ai_sdk_socket
 from server.adapters.chat import ChatRuns
+from server.adapters.http import internal_error
 from server.adapters.tool_results import post_tool_result
 from server.agent.coordinator import RunCoordinator
 from server.agent.environment import RunEnvironment
@@ -281,7 +282,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
         WebSocketRoute(DOCUMENT_SOCKET, document_socket),  # reached through DirectRoute
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=[
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
+        Exception: internal_error}, middleware=[
         Middleware(TransportHandle),
         Middleware(DirectRoute, path=DOCUMENT_SOCKET, endpoint=document_socket)])
     app.state.services = services

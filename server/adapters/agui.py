@@ -68,6 +68,9 @@ from server.backends.base import BackendUnavailable
 from server.services import Services
 
 KIND = "agui"
+THREAD_ID_MAX = 100
+"""`threadId`'s longest (any characters): `agui:<threadId>` is the run's client id, at
+most 128 characters; 100 like the AI SDK's chat id."""
 
 
 class AguiTranslator:
@@ -149,11 +152,16 @@ def _call(call_id: str, name: str, arguments: dict[str, Any]) -> list[BaseEvent]
 
 def _parse(data: dict[str, Any]) -> RunAgentInput:
     try:
-        return RunAgentInput.model_validate(data)
+        parsed = RunAgentInput.model_validate(data)
     except ValidationError as exc:
         details = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()[:10]]
         raise HttpFailure(ErrorCode.INVALID_MESSAGE, "invalid RunAgentInput",
                           details=details) from exc
+    if not 0 < len(parsed.thread_id) <= THREAD_ID_MAX:
+        problem = f"threadId must be 1 to {THREAD_ID_MAX} characters"
+        raise HttpFailure(ErrorCode.INVALID_MESSAGE, problem,
+                          details=[{"loc": ["threadId"], "msg": problem}])
+    return parsed
 
 
 def _answer(run: ChatRun[BaseEvent], data: RunAgentInput) -> Any:

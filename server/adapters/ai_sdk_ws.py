@@ -8,7 +8,9 @@ request's stream and cancels its run). Server frames: `start`, `chunk`
 (`sequence` from 0 per request), `end`, `error` (`errorText`), `no-active`.
 Each request streams in its own task; frames are written one at a time.
 Bad frames get `error` for their request (or are dropped when they name
-none); the socket stays open.
+none); the socket stays open. At most `MAX_IN_FLIGHT` requests stream at
+once on one socket (the transport has one per chat it serves); one more is
+an `error` (`rate_limited`), not a task.
 """
 
 import asyncio
@@ -20,17 +22,19 @@ from typing import Any
 
 import orjson
 from starlette.responses import PlainTextResponse
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from protocol.parsing import ParseFailure, decode_frame
 from server.adapters.ai_sdk import CHAT_ID, KIND, open_segment, parse_request
 from server.adapters.ai_sdk_chunks import AiSdkTranslator, Chunk
 from server.adapters.chat import ChatRun, ChatRuns
 from server.adapters.http import DOCUMENT_ID, HttpFailure, principal_for
+from server.agent.work import new_ref
 from server.backends.base import BackendUnavailable
 from server.services import Services
 
 logger = logging.getLogger("cowrite.adapters")
+MAX_IN_FLIGHT = 32
 
 
 class _Socket:
@@ -73,6 +77,11 @@ class _Socket:
             if kind == "abort":
                 await self._abort(request_id)
             elif kind in ("send", "resume") and request_id not in self.tasks:
+                if len(self.tasks) >= MAX_IN_FLIGHT:
+                    await self.write({"type": "error", "requestId": request_id, "errorText":
+                                      f"rate_limited: at most {MAX_IN_FLIGHT} requests in "
+                                      "flight on one socket"})
+                    continue
                 task = asyncio.get_running_loop().create_task(self._request(request_id, frame))
                 self.tasks[request_id] = task
                 task.add_done_callback(self._forget(request_id))
@@ -118,6 +127,16 @@ class _Socket:
         except BackendUnavailable:
             await self.write({"type": "error", "requestId": request_id,
                               "errorText": "unavailable: the shared backend is unavailable"})
+        except WebSocketDisconnect:
+            return  # the socket went away mid-answer: nobody to tell
+        except Exception:  # a bug: the request learns it failed, not why
+            if self.ws.application_state is not WebSocketState.CONNECTED:
+                return
+            ref = new_ref()
+            logger.exception("AI SDK WebSocket request failed (ref %s)", ref)
+            with contextlib.suppress(Exception):
+                await self.write({"type": "error", "requestId": request_id,
+                                  "errorText": f"internal: internal error (ref {ref})"})
         finally:
             self.request_runs.pop(request_id, None)
 

@@ -8,6 +8,7 @@ edge's own `decode_frame`, so the depth and 64-bit integer limits are the
 same on both edges.
 """
 
+import logging
 import re
 from typing import Any
 
@@ -19,6 +20,7 @@ from protocol.base import DOCUMENT_ID_PATTERN
 from protocol.codes import ErrorCode
 from protocol.parsing import ParseFailure, decode_frame
 from protocol.server import Error
+from server.agent.work import new_ref
 from server.auth import AuthError, Principal
 from server.services import Services
 
@@ -30,6 +32,7 @@ STATUS = {
     ErrorCode.UNAVAILABLE: 503, ErrorCode.INTERNAL: 500,
 }
 DOCUMENT_ID = re.compile(DOCUMENT_ID_PATTERN)
+logger = logging.getLogger("cowrite.http")
 
 
 class HttpFailure(Exception):
@@ -103,3 +106,14 @@ async def read_object(request: Request, services: Services) -> dict[str, Any]:
     if isinstance(decoded, ParseFailure):
         raise HttpFailure(decoded.code, decoded.message, details=decoded.details)
     return decoded
+
+
+async def internal_error(request: Request, exc: Exception) -> Response:
+    """Starlette's handler for anything an HTTP route did not expect: the JSON error
+    every other answer has (500 `internal`, a ref instead of the exception's text),
+    where Starlette would answer a plain-text "Internal Server Error". The server logs
+    the traceback after this line (Starlette re-raises); the ref ties the two."""
+    ref = new_ref()
+    logger.error("unexpected error answering %s %s (ref %s): %s", request.method,
+                 request.url.path, ref, type(exc).__name__)
+    return HttpFailure(ErrorCode.INTERNAL, f"internal error (ref {ref})", status=500).response()
