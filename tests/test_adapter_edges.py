@@ -13,7 +13,7 @@ import pytest
 from server.adapters import agui, ai_sdk_ws
 from tests.adapter_support import sse, user_message
 from tests.harness import Server, joined, token, ws_client
-from tests.runs import script
+from tests.runs import REPLACE_DOC, call, script
 
 LEAKS = ("Traceback", "ValidationError", "validation error for", "pydantic", "Exception")
 
@@ -112,6 +112,45 @@ async def test_ai_sdk_chat_refuses_bad_input_and_the_document_stays_free(server:
                                                  "[DONE]"]
         await watcher.recv_until("run.finished")
     assert [e["type"] for e in watcher.events].count("run.started") == 1
+
+
+async def test_ai_sdk_answers_of_the_wrong_shape_leave_the_approval_pending(server: Server
+                                                                           ) -> None:
+    prompt = script({"tool_calls": [call("replace_document", text="New")]}, {"say": "Ok."})
+    url = f"{server.http}/v1/ai-sdk/edge-approve/chat"
+    user = user_message(prompt)
+    async with joined(server, "edge-approve", client_id="tab") as (tab, _), \
+            httpx.AsyncClient() as http:
+        _, chunks = await sse(http, "POST", url, {"id": "c", "messages": [user],
+                                                  "tools": [REPLACE_DOC]})
+        request = next(c for c in chunks if c != "[DONE]" and c["type"] == "tool-approval-request")
+
+        def answer(**part: Any) -> bytes:
+            return orjson.dumps({"id": "c", "messages": [user, {
+                "id": "a", "role": "assistant", "parts": [{
+                    "type": "tool-replace_document", "toolCallId": request["toolCallId"],
+                    "state": "approval-responded", "input": {"text": "New"}, **part}]}]})
+
+        wrong = [
+            await _post(http, url, answer(toolCallId={"not": "a string"})),  # was a 500
+            await _post(http, url, answer(toolCallId=[request["toolCallId"]])),
+            # a string "false" approved the call before: now nothing but a boolean answers
+            await _post(http, url, answer(approval={"id": request["approvalId"],
+                                                    "approved": "false"})),
+        ]
+        assert [a.status_code for a in wrong] == [409, 409, 400]
+        assert wrong[2].json()["details"] == [{"loc": ["approval", "approved"],
+                                               "msg": "must be a boolean"}]
+        assert all(_clean(a.text) for a in wrong)
+        status, after = await sse(http, "POST", url, orjson.loads(answer(
+            approval={"id": request["approvalId"], "approved": False, "reason": "no"})))
+        assert status == 200
+        assert [c["type"] for c in after[:-1]][:3] == [
+            "start", "tool-approval-response", "tool-output-denied"]
+        resolved = await tab.recv_until("approval.resolved")
+        assert resolved["decision"] == "reject"
+        assert [e["type"] for e in tab.events].count("approval.resolved") == 1
+        await tab.recv_until("run.finished")
 
 
 async def test_agui_refuses_bad_input_and_the_document_stays_free(server: Server) -> None:

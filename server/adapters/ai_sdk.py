@@ -92,19 +92,25 @@ def _text(message: dict[str, Any]) -> str:
 
 def _answer_in(run: ChatRun[Chunk], message: dict[str, Any]) -> Any:
     """The `tool.result` or `approval` the assistant message carries for a pending call."""
-    for part in message.get("parts") or []:
-        if not isinstance(part, dict) or part.get("toolCallId") not in run.pending:
+    parts = message.get("parts")
+    for part in parts if isinstance(parts, list) else ():
+        call_id = part.get("toolCallId") if isinstance(part, dict) else None
+        if not isinstance(call_id, str) or call_id not in run.pending:
             continue
-        call_id, state = str(part["toolCallId"]), part.get("state")
+        state = part.get("state")
         if state == "output-available":
             return run.tool_result(call_id, output=part.get("output"))
         if state == "output-error":
             return run.tool_result(call_id, error={"message": str(part.get("errorText", ""))})
         approval = part.get("approval")
         if state == "approval-responded" and isinstance(approval, dict):
-            reason = approval.get("reason")
-            return run.approval(call_id, bool(approval.get("approved")),
-                                reason if isinstance(reason, str) else None)
+            approved, reason = approval.get("approved"), approval.get("reason")
+            if not isinstance(approved, bool):  # "false" must not approve
+                raise HttpFailure(ErrorCode.INVALID_MESSAGE,
+                                  "approval.approved must be true or false",
+                                  details=[{"loc": ["approval", "approved"],
+                                            "msg": "must be a boolean"}])
+            return run.approval(call_id, approved, reason if isinstance(reason, str) else None)
     return None
 
 
