@@ -50,9 +50,10 @@ _VALIDATORS = {name: model.__pydantic_validator__ for name, model in _MODELS.ite
 
 
 def decode_frame(
-    text: str | bytes, max_depth: int = DEFAULT_MAX_JSON_DEPTH
+    text: str | bytes, max_depth: int = DEFAULT_MAX_JSON_DEPTH, what: str = "frame"
 ) -> dict[str, Any] | ParseFailure:
-    """JSON text -> object, or the `invalid_message` failure.
+    """JSON text -> object, or the `invalid_message` failure (whose message calls the
+    text `what`: an HTTP edge says "body").
 
     Refused here, before anything else sees the frame (section 10): nesting
     deeper than `max_depth` levels of objects and arrays (0: only orjson's
@@ -65,7 +66,7 @@ def decode_frame(
             reply_to = peek_reply_to(orjson.loads(text))
         return ParseFailure(
             ErrorCode.INVALID_MESSAGE,
-            f"frame nests objects and arrays deeper than {max_depth} levels", reply_to,
+            f"{what} nests objects and arrays deeper than {max_depth} levels", reply_to,
             [{"loc": [], "msg": f"nesting deeper than {max_depth} levels",
               "max_depth": max_depth}],
         )
@@ -75,16 +76,16 @@ def decode_frame(
         if "depth" in exc.msg:
             return ParseFailure(
                 ErrorCode.INVALID_MESSAGE,
-                f"frame nests objects and arrays deeper than {ORJSON_MAX_DEPTH} levels", None,
+                f"{what} nests objects and arrays deeper than {ORJSON_MAX_DEPTH} levels", None,
                 [{"loc": [], "msg": f"nesting deeper than {ORJSON_MAX_DEPTH} levels",
                   "max_depth": ORJSON_MAX_DEPTH}],
             )
-        return ParseFailure(ErrorCode.INVALID_MESSAGE, f"frame is not valid JSON: {exc.msg}")
+        return ParseFailure(ErrorCode.INVALID_MESSAGE, f"{what} is not valid JSON: {exc.msg}")
     if not isinstance(data, dict):
-        return ParseFailure(ErrorCode.INVALID_MESSAGE, "frame must be a JSON object")
+        return ParseFailure(ErrorCode.INVALID_MESSAGE, f"{what} must be a JSON object")
     if has_out_of_range_int(text):
         return ParseFailure(
-            ErrorCode.INVALID_MESSAGE, "frame holds an integer outside the signed 64-bit range",
+            ErrorCode.INVALID_MESSAGE, f"{what} holds an integer outside the signed 64-bit range",
             peek_reply_to(data),
             [{"loc": [], "msg": "integers must be between -2**63 and 2**63-1"}],
         )

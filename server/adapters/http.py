@@ -102,7 +102,7 @@ async def read_object(request: Request, services: Services) -> dict[str, Any]:
         body += chunk
         if len(body) > limit:
             raise HttpFailure(ErrorCode.TOO_LARGE, f"body larger than {limit} bytes")
-    decoded = decode_frame(bytes(body), services.settings.max_json_depth)
+    decoded = decode_frame(bytes(body), services.settings.max_json_depth, "body")
     if isinstance(decoded, ParseFailure):
         raise HttpFailure(decoded.code, decoded.message, details=decoded.details)
     return decoded
