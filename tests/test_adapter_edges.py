@@ -293,6 +293,9 @@ async def test_ai_sdk_websocket_bounds_requests_in_flight(server: Server) -> Non
         refused = await socket.next_for(over, ("error", "start"))
         assert refused["errorText"] == (f"rate_limited: at most {ai_sdk_ws.MAX_IN_FLIGHT} "
                                         "requests in flight on one socket")
+        await socket.send({"type": "resume", "requestId": "s1", "id": "ws-chat"})
+        twice = await socket.next_for("s1", ("error",))
+        assert twice["errorText"] == "invalid_message: this requestId is still streaming"
         await socket.send({"type": "abort", "requestId": "s0"})  # cancels the run
         finished = await tab.recv_until("run.finished")
         assert (finished["status"], finished["reason"]) == ("cancelled", "user_cancelled")

@@ -76,7 +76,11 @@ class _Socket:
             kind = frame.get("type")
             if kind == "abort":
                 await self._abort(request_id)
-            elif kind in ("send", "resume") and request_id not in self.tasks:
+            elif kind in ("send", "resume"):
+                if request_id in self.tasks:
+                    await self.write({"type": "error", "requestId": request_id, "errorText":
+                                      "invalid_message: this requestId is still streaming"})
+                    continue
                 if len(self.tasks) >= MAX_IN_FLIGHT:
                     await self.write({"type": "error", "requestId": request_id, "errorText":
                                       f"rate_limited: at most {MAX_IN_FLIGHT} requests in "
