@@ -94,6 +94,25 @@ async def test_python_tools_run_on_the_server_and_failures_hide_their_text(tmp_p
         assert hidden.startswith("tool failed (ref ") and "hunter2" not in hidden
 
 
+async def test_a_server_tool_output_over_the_size_limit_is_its_failure(tmp_path: Path
+                                                                        ) -> None:
+    path = config_file(tmp_path, TOOLS_TOML.format(sleepy_timeout=5))
+    big = {"name": "greet", "arguments": {"name": "bob", "times": 400}}  # ~11 KB of JSON
+    small = {"name": "greet", "arguments": {"name": "bob", "times": 2}}
+    async with running_server(config=path, max_message_bytes=4096) as srv, \
+            joined(srv) as (alice, _):
+        ack = await start(alice, script({"tool_calls": [big]}, {"tool_calls": [small]},
+                                        {"say": "done"}), tools=[])
+        finished = await alice.recv_until("run.finished")
+        assert finished["status"] == "completed" and finished["steps"] == 3
+        done = of_run(alice.events, ack["run_id"], "tool.done")
+        assert [d["status"] for d in done] == ["error", "ok"]
+        assert done[0]["error"]["code"] == "too_large" and "output" not in done[0]
+        assert done[0]["error"]["message"].startswith("greet returned ")
+        assert done[0]["error"]["message"].endswith(" bytes of output; the limit is 4096")
+        assert done[1]["output"]["text"].count("hello bob") == 2
+
+
 async def test_a_tool_past_its_timeout_ends_timeout_and_the_run_goes_on(tmp_path: Path) -> None:
     path = config_file(tmp_path, TOOLS_TOML.format(sleepy_timeout=0.2))
     tool_fixtures.OBSERVERS["timeout"] = asyncio.Queue()
