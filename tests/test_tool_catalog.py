@@ -6,6 +6,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from server.tools.config import ConfigError, load_config, parse_config
@@ -87,6 +88,26 @@ async def test_failing_tool_leaks_nothing_and_logs_the_ref(caplog: pytest.LogCap
     logged = [r for r in caplog.records if ref in r.getMessage()]
     assert logged and logged[0].exc_info is not None
     assert "hunter2" in str(logged[0].exc_info[1])
+
+
+async def test_an_output_over_the_size_limit_or_beyond_json_is_the_tools_failure(
+        caplog: pytest.LogCaptureFixture) -> None:
+    tools = catalog(FIXTURES + '[[tools]]\nimport = "tests.tool_fixtures:beyond_json"\n',
+                    max_output_bytes=2048)
+    fits = await tools.invoke("greet", {"name": "Ann", "times": 50}, tool_context())
+    assert fits.status == "ok" and len(fits.output["text"]) > 1000
+    big = await tools.invoke("greet", {"name": "Ann", "times": 100}, tool_context())
+    assert big.status == "error" and big.output is None
+    size = len(orjson.dumps({"text": " ".join(["hello Ann from alice on doc-1"] * 100),
+                             "shout": False}))
+    assert big.error == {"message": f"greet returned {size} bytes of output; the limit is 2048",
+                         "code": "too_large"}
+    with caplog.at_level(logging.ERROR, logger="cowrite.tools.test"):
+        odd = await tools.invoke("beyond_json", {}, tool_context())
+    assert odd.status == "error" and odd.error is not None and odd.output is None
+    assert odd.error["code"] == "internal"
+    ref = odd.error["message"].removeprefix("tool failed (ref ").removesuffix(")")
+    assert any(ref in record.getMessage() for record in caplog.records)
 
 
 async def test_timeout_ends_the_call_and_cancels_the_tool() -> None:

@@ -52,6 +52,11 @@ async def sleepy(key: str, seconds: float) -> str:
     return "awake"
 
 
+async def beyond_json() -> int:
+    """Returns an integer JSON cannot carry to every client (over 64 bits)."""
+    return 2**70
+
+
 def not_async(text: str) -> str:
     """A plain function: refused."""
     return text

@@ -19,9 +19,10 @@ def tool_context(run_id: str = "run-1") -> ToolContext:
     return ToolContext(run_id=run_id, document_id="doc-1", user_id="alice", logger=logger)
 
 
-def catalog(toml: str = "", *, timings: McpTimings = FAST) -> ToolCatalog:
+def catalog(toml: str = "", *, timings: McpTimings = FAST, max_output_bytes: int = 1_048_576
+            ) -> ToolCatalog:
     return ToolCatalog(parse_config(tomllib.loads(toml)), default_timeout_s=5.0,
-                       mcp_timings=timings)
+                       mcp_timings=timings, max_output_bytes=max_output_bytes)
 
 
 async def until(tools: ToolCatalog, predicate: Callable[[], bool], timeout: float = 10.0

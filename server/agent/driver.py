@@ -383,8 +383,7 @@ class RunDriver:
 
     async def _server_tool(self, effect: RunServerTool) -> None:
         assert self.env.tools is not None  # a server call implies a catalog
-        limit = self.env.settings.max_message_bytes  # as a client tool's result
-        self.feed(await server_tool(self.state, self.env.tools, effect, limit))
+        self.feed(await server_tool(self.state, self.env.tools, effect))
 
 
 _EFFECTS: dict[type[Any], Callable[[RunDriver, Any, Peer | None, RunState], _Work | None]] = {

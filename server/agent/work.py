@@ -13,8 +13,6 @@ import time
 import uuid
 from typing import Any
 
-import orjson
-
 from protocol.server import RunError
 from server.agent import json_format, pacing
 from server.agent.llm import LLM, ModelError, ModelRequest, TextChunk, ToolCallRequest, UsageChunk
@@ -112,31 +110,12 @@ def check_call(toolbox: ToolBox, call: ToolCallRequest) -> ModelCall:
                      checked.executor, checked.requires_approval)
 
 
-async def server_tool(state: RunState, tools: ServerTools, effect: RunServerTool,
-                      max_output_bytes: int) -> ServerToolFinished:
+async def server_tool(state: RunState, tools: ServerTools, effect: RunServerTool
+                      ) -> ServerToolFinished:
     """One server tool call through the catalog (which bounds it by the tool's timeout
-    and hides failures behind a ref); cancelling this task cancels the tool. Its output
-    is bounded like a client tool's (`COWRITE_MAX_MESSAGE_BYTES`, JSON): every client
-    gets it in `tool.done` and the log keeps it, so a larger one is the tool's
-    failure (`too_large`), which the model is told, rather than a frame clients refuse."""
+    and hides failures behind a ref); cancelling this task cancels the tool."""
     context = ToolContext(state.run_id, state.document_id, state.user_id,
                           logging.LoggerAdapter(tool_logger, _extra(state)))
     result = await tools.invoke(effect.name, effect.arguments, context)
-    outcome = ToolOutcome(result.status, output=result.output, error=result.error)
-    if result.status == "ok":
-        try:
-            size = len(orjson.dumps(result.output))
-        except (TypeError, ValueError):  # an output the log cannot hold is the tool's failure
-            ref = new_ref()
-            logger.error("server tool %s returned an output that cannot be encoded (ref %s)",
-                         effect.name, ref, extra=_extra(state))
-            outcome = ToolOutcome("error", error={"message": f"tool failed (ref {ref})",
-                                                  "code": "internal"})
-        else:
-            if size > max_output_bytes:
-                logger.warning("server tool %s returned %d bytes of JSON, over the limit of %d",
-                               effect.name, size, max_output_bytes, extra=_extra(state))
-                outcome = ToolOutcome("error", error={
-                    "message": f"{effect.name} returned {size} bytes of output; the limit "
-                               f"is {max_output_bytes}", "code": "too_large"})
-    return ServerToolFinished(effect.call_id, outcome)
+    return ServerToolFinished(effect.call_id, ToolOutcome(result.status, output=result.output,
+                                                          error=result.error))

@@ -10,7 +10,12 @@ because of them, only because of an invalid config file.
 
 `invoke` never raises (except CancelledError, which it lets through so that
 an abort reaches the running tool): every outcome is a `ToolInvocation`, and
-no exception text ever reaches its `error`.
+no exception text ever reaches its `error`. It bounds a call in time (the
+tool's `timeout_s`) and its output in size (`max_output_bytes` of JSON, the
+size of a client tool's result: every client gets the output in `tool.done`
+and the document log keeps it); an output over it, or one JSON cannot
+encode, is the tool's failure (`too_large`, `internal`), which the model is
+told, rather than a frame clients refuse.
 """
 
 import asyncio
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import jsonschema
+import orjson
 
 from server.tools.builtin import BUILTIN_IMPORTS
 from server.tools.config import CowriteConfig, McpServerConfig, PythonToolConfig, Workflow
@@ -84,9 +90,10 @@ class ToolCatalog:
     """Built-in, Python and MCP server tools, plus the operator's workflows."""
 
     def __init__(self, config: CowriteConfig | None = None, *, default_timeout_s: float = 10.0,
-                 mcp_timings: McpTimings | None = None) -> None:
+                 mcp_timings: McpTimings | None = None, max_output_bytes: int = 1_048_576
+                 ) -> None:
         config = config or CowriteConfig()
-        self.default_timeout_s = default_timeout_s
+        self.default_timeout_s, self.max_output_bytes = default_timeout_s, max_output_bytes
         self._workflows = {w.name: w for w in config.workflows}
         self._static = self._load_python(config.tools)
         timings = mcp_timings or McpTimings()
@@ -271,6 +278,15 @@ class ToolCatalog:
                                   "code": "timeout"})
         except Exception:
             return self._internal(name, ctx)
+        try:
+            size = len(orjson.dumps(output))
+        except (TypeError, ValueError):
+            return self._internal(name, ctx)  # the log cannot hold it
+        if size > self.max_output_bytes:
+            ctx.logger.warning("server tool %s returned %d bytes of JSON, over the limit of %d",
+                               name, size, self.max_output_bytes)
+            return _failed(f"{name} returned {size} bytes of output; the limit is "
+                           f"{self.max_output_bytes}", "too_large")
         return ToolInvocation("ok", output=output)
 
     @staticmethod
