@@ -129,7 +129,7 @@ async def test_random_agui_answers_never_break_the_thread(server: Server) -> Non
     tools = [{"name": t["name"], "description": t["description"],
               "parameters": t["parameters"]} for t in (READ, REPLACE_DOC)]
     user = {"id": "m1", "role": "user", "content": prompt}
-    base = {"threadId": "th", "state": None, "tools": tools, "context": [],
+    base: dict[str, Any] = {"threadId": "th", "state": None, "tools": tools, "context": [],
             "forwardedProps": {}}
     headers = {"Authorization": f"Bearer {token('alice')}"}
     async with httpx.AsyncClient() as http:
