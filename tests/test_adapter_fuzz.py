@@ -130,7 +130,7 @@ async def test_random_agui_answers_never_break_the_thread(server: Server) -> Non
               "parameters": t["parameters"]} for t in (READ, REPLACE_DOC)]
     user = {"id": "m1", "role": "user", "content": prompt}
     base: dict[str, Any] = {"threadId": "th", "state": None, "tools": tools, "context": [],
-            "forwardedProps": {}}
+                            "forwardedProps": {}}
     headers = {"Authorization": f"Bearer {token('alice')}"}
     async with httpx.AsyncClient() as http:
         _, items = await sse(http, "POST", url, {**base, "runId": "g0", "messages": [user]})
