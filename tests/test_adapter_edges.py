@@ -169,13 +169,13 @@ async def test_agui_refuses_bad_input_and_the_document_stays_free(server: Server
             await _post(http, url, orjson.dumps(_agui_input(run="r" * 129))),
             await _post(http, url, orjson.dumps(no_prompt)),  # out of order
         ]
-        assert [a.status_code for a in wrong] == [400] * 5
+        assert [a.status_code for a in wrong] == [400] * 4 + [409]
         assert {d["loc"][0] for d in wrong[0].json()["details"]} == {"runId", "messages"}
         assert wrong[1].json()["details"] == [
             {"loc": ["threadId"], "msg": "threadId must be 1 to 100 characters"}]
         assert wrong[2].json()["details"][0]["loc"] == ["threadId"]
         assert wrong[3].json()["details"][0]["loc"] == ["run_id"]
-        assert "no answer to a pending tool call" in wrong[4].json()["message"]
+        assert wrong[4].json()["code"] == "call_not_pending"
         answers += wrong
         assert all(_clean(a.text) for a in answers)
 

@@ -166,12 +166,16 @@ def _parse(data: dict[str, Any]) -> RunAgentInput:
 
 def _answer(run: ChatRun[BaseEvent], data: RunAgentInput) -> Any:
     """The tool result or approval this input carries for the run's pending call."""
-    for entry in data.resume or []:
+    for index, entry in enumerate(data.resume or []):
         if entry.interrupt_id in run.pending:
-            payload = entry.payload if isinstance(entry.payload, dict) else {}
-            approved = entry.status == "resolved" and payload.get("approved", True) is True
+            payload = {} if entry.payload is None else entry.payload
+            approved = payload.get("approved", True) if isinstance(payload, dict) else None
+            if not isinstance(approved, bool):  # `false`, "reject", 0 must not approve
+                problem = "a resume payload is an object whose `approved` is true or false"
+                raise HttpFailure(ErrorCode.INVALID_MESSAGE, problem, details=[
+                    {"loc": ["resume", index, "payload"], "msg": problem}])
             reason = payload.get("reason")
-            return run.approval(entry.interrupt_id, approved,
+            return run.approval(entry.interrupt_id, entry.status == "resolved" and approved,
                                 reason if isinstance(reason, str) else None)
     for message in data.messages:
         call_id = getattr(message, "tool_call_id", None)
@@ -198,6 +202,14 @@ def _answers_something(data: RunAgentInput) -> bool:
     return bool(data.resume) or any(message.role == "tool" for message in data.messages)
 
 
+def _is_answer(data: RunAgentInput) -> bool:
+    """The input is an answer, not a prompt: it resumes an interrupt, or its last message
+    is a tool result (what `HttpAgent` sends after a frontend tool ran). Answering
+    nothing pending, it is refused, never run again as the last user message's prompt
+    (a retry, a double submit or a result after the call timed out would redo the run)."""
+    return bool(data.resume) or (bool(data.messages) and data.messages[-1].role == "tool")
+
+
 def _prompt(data: RunAgentInput) -> str:
     for message in reversed(data.messages):
         if message.role == "user":
@@ -211,13 +223,14 @@ def _prompt(data: RunAgentInput) -> str:
 async def _open(services: Services, runs: ChatRuns, document_id: str, request: Request,
                 data: RunAgentInput) -> tuple[ChatRun[BaseEvent], int]:
     principal = principal_for(services, bearer_token(request), document_id)
-    existing = runs.get(KIND, document_id, data.thread_id)
+    answering = _is_answer(data)
+    existing = runs.get(KIND, document_id, data.thread_id, principal.user_id)
     if existing is None and _answers_something(data):
         found = await runs.find(KIND, document_id, data.thread_id, principal,
                                 lambda _run_id: AguiTranslator(data.thread_id, data.run_id))
-        # Another user's run of this thread is not adopted: the input (a whole history,
-        # tool messages included) goes on as that user's new prompt. (On the instance
-        # that started the run, an answer to its pending call by another user is 403.)
+        if isinstance(found, Error) and answering:  # another user's run: 403
+            raise HttpFailure.of(found)
+        # A prompt whose history holds tool messages goes on as that user's prompt.
         existing = None if isinstance(found, Error) else found
     message = _answer(existing, data) if existing is not None else None
     if existing is not None and message is not None:
@@ -231,6 +244,10 @@ async def _open(services: Services, runs: ChatRuns, document_id: str, request: R
             translator.ids = previous
             raise HttpFailure.of(answer)
         return existing, existing.segment_start
+    if answering:
+        raise HttpFailure(ErrorCode.CALL_NOT_PENDING, "this input answers no pending tool "
+                          "call or approval of this thread (a new prompt ends with the "
+                          "user's message and has no resume entries)")
     prompt = _prompt(data)
     if not prompt:
         raise HttpFailure(ErrorCode.INVALID_MESSAGE, "no user message to run, and no answer to "

@@ -84,8 +84,8 @@ def parse_request(data: dict[str, Any]) -> ChatRequest:
 def _text(message: dict[str, Any]) -> str:
     parts = message.get("parts")
     if isinstance(parts, list):
-        return "".join(str(p.get("text", "")) for p in parts
-                       if isinstance(p, dict) and p.get("type") == "text")
+        return "".join(p["text"] for p in parts if isinstance(p, dict)
+                       and p.get("type") == "text" and isinstance(p.get("text"), str))
     content = message.get("content")
     return content if isinstance(content, str) else ""
 

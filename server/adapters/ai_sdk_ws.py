@@ -44,6 +44,7 @@ class _Socket:
         self.lock = asyncio.Lock()
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.request_runs: dict[str, ChatRun[Chunk]] = {}
+        self.aborted: set[str] = set()  # requests aborted before their run was known
 
     async def write(self, frame: dict[str, Any]) -> None:
         async with self.lock:
@@ -94,8 +95,10 @@ class _Socket:
                                   "errorText": f"unknown frame type {str(kind)[:64]!r}"})
 
     def _forget(self, request_id: str) -> "Callable[[asyncio.Task[None]], None]":
-        def done(_task: "asyncio.Task[None]") -> None:
-            self.tasks.pop(request_id, None)
+        def done(task: "asyncio.Task[None]") -> None:
+            if self.tasks.get(request_id) is task:
+                del self.tasks[request_id]
+            self.aborted.discard(request_id)
         return done
 
     async def _request(self, request_id: str, frame: dict[str, Any]) -> None:
@@ -121,6 +124,10 @@ class _Socket:
                 run, start = found, 0
                 last = frame.get("lastSequence")
                 skip = last + 1 if isinstance(last, int) and last >= 0 else 0
+            if request_id in self.aborted:  # aborted while the run started: it ends now
+                if not run.finished:
+                    await run.cancel()
+                return
             self.request_runs[request_id] = run
             await self.write({"type": "start", "requestId": request_id})
             await self._pump(request_id, run.follow(start), skip)
@@ -153,12 +160,18 @@ class _Socket:
             sequence += 1
 
     async def _abort(self, request_id: str) -> None:
-        """The transport's abort signal: stop the stream and cancel the run."""
+        """The transport's abort signal: stop the stream and cancel the run. A request
+        still starting its run (or finding it) is not cancelled midway, which would
+        leave a run going that nobody follows: it cancels the run once it has it."""
         run = self.request_runs.pop(request_id, None)
-        task = self.tasks.pop(request_id, None)
+        task = self.tasks.get(request_id)
+        if run is None:
+            if task is not None:
+                self.aborted.add(request_id)
+            return
         if task is not None:
             task.cancel()
-        if run is not None and not run.finished:
+        if not run.finished:
             await run.cancel()
 
     async def close(self) -> None:

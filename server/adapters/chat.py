@@ -48,6 +48,7 @@ from server.services import Services
 
 logger = logging.getLogger("cowrite.adapters")
 Item = TypeVar("Item")
+ChatKey = tuple[str, str, str, str]  # (adapter, document, chat, user)
 
 
 class Translator(Protocol[Item]):
@@ -74,7 +75,7 @@ class Pending:
 
 
 class ChatRun(Generic[Item]):
-    def __init__(self, key: tuple[str, str, str], link: RunLink, run_id: str,
+    def __init__(self, key: "ChatKey", link: RunLink, run_id: str,
                  translator: Translator[Item], on_done: Callable[["ChatRun[Item]"], None]
                  ) -> None:
         self.key = key
@@ -159,11 +160,16 @@ class ChatRun(Generic[Item]):
         self.segment_start, self.segment_open = len(self.items), True
         self.items.extend(self.translator.opening())
         opened = len(self.items)
-        answer = await self._ask(message)
-        if (isinstance(answer, Error) or answer.duplicate) and len(self.items) == opened:
-            start, was_open, length = previous
-            del self.items[length:]
-            self.segment_start, self.segment_open = start, was_open
+        answer: Answer | None = None
+        try:
+            answer = await self._ask(message)
+        finally:  # a request cancelled while asking withdraws its opening too
+            refused = answer is None or isinstance(answer, Error) or answer.duplicate
+            if refused and len(self.items) == opened:
+                start, was_open, length = previous
+                del self.items[length:]
+                self.segment_start, self.segment_open = start, was_open
+                self._notify()  # a reader of the withdrawn segment stops
         return answer
 
     def tool_result(self, call_id: str, output: Any = None,
@@ -209,17 +215,21 @@ class _Turnstile:
 
 
 class ChatRuns:
-    """The adapters' active runs on this instance, by (adapter, document, chat): the
-    runs it started, and those another instance started that a request here
-    answered or reconnected to (`find`)."""
+    """The adapters' active runs on this instance, by (adapter, document, chat, user):
+    the runs it started, and those another instance started that a request here
+    answered or reconnected to (`find`). The user is part of the key: chat ids are
+    the frontend's and every collaborator sees them (the client id `<kind>:<chat>`),
+    so another user's request naming the same chat (queued with `if_busy: enqueue`,
+    say) gets a run of its own instead of taking this one's place."""
 
     def __init__(self, services: Services) -> None:
         self.services = services
-        self.runs: dict[tuple[str, str, str], ChatRun[Any]] = {}
-        self._adopting: dict[tuple[str, str, str], _Turnstile] = {}
+        self.runs: dict[ChatKey, ChatRun[Any]] = {}
+        self._adopting: dict[ChatKey, _Turnstile] = {}
 
-    def get(self, kind: str, document_id: str, chat_id: str) -> ChatRun[Any] | None:
-        run = self.runs.get((kind, document_id, chat_id))
+    def get(self, kind: str, document_id: str, chat_id: str, user_id: str
+            ) -> ChatRun[Any] | None:
+        run = self.runs.get((kind, document_id, chat_id, user_id))
         return None if run is None or run.finished else run
 
     async def find(self, kind: str, document_id: str, chat_id: str, principal: Principal,
@@ -233,7 +243,7 @@ class ChatRuns:
         instance). One request of a chat adopts at a time (its turnstile), so an
         instance adopts a run once, and keeps it until it finishes, like the runs
         it started."""
-        found = self.get(kind, document_id, chat_id)
+        found = self.get(kind, document_id, chat_id, principal.user_id)
         if found is not None:
             return found
         record = await self.services.backend.active_run(document_id)
@@ -243,12 +253,12 @@ class ChatRuns:
         if record.get("user_id") != principal.user_id:
             return Error(code=ErrorCode.FORBIDDEN, message="only the run's user may answer "
                          "or follow it")
-        key = (kind, document_id, chat_id)
+        key = (kind, document_id, chat_id, principal.user_id)
         turnstile = self._adopting.setdefault(key, _Turnstile())
         turnstile.users += 1
         try:
             async with turnstile.lock:
-                found = self.get(kind, document_id, chat_id)
+                found = self.get(kind, document_id, chat_id, principal.user_id)
                 if found is not None:
                     return found
                 return await self._adopt(key, str(record["run_id"]), principal, client_id,
@@ -269,7 +279,7 @@ class ChatRuns:
             return None
         return found
 
-    async def _adopt(self, key: tuple[str, str, str], run_id: str, principal: Principal,
+    async def _adopt(self, key: ChatKey, run_id: str, principal: Principal,
                      client_id: str, translator: Callable[[str], Translator[Item]]
                      ) -> ChatRun[Item] | None:
         document_id = key[1]
@@ -301,7 +311,7 @@ class ChatRuns:
                     start: RunStart, translator: Translator[Item]
                     ) -> ChatRun[Item] | Error:
         """Start `start` as the run of this chat (client id `<kind>:<chat>`)."""
-        key = (kind, document_id, chat_id)
+        key = (kind, document_id, chat_id, principal.user_id)
         run_id = start.run_id or f"run_{new_message_id()}"
         message = start.model_copy(update={"run_id": run_id, "id": new_message_id()})
         link = RunLink(self.services, document_id, principal, f"{kind}:{chat_id}")
