@@ -39,7 +39,7 @@ from server.agent.machine import RunMachine
 from server.agent.remote import RunRouter
 from server.agent.steps import MachineConfig
 from server.auth import Authenticator, AuthError, Principal
-from server.backends.base import Backend
+from server.backends.base import Backend, BackendUnavailable
 from server.backends.memory import MemoryBackend
 from server.direct_route import DirectRoute
 from server.endpoint import DOCUMENT_ID_RE, document_socket
@@ -182,7 +182,12 @@ def create_app(settings: Settings | None = None) -> Starlette:
             return principal
         if not principal.may_open(document_id):
             return _json({"error": "this token does not grant the document"}, 403)
-        return await services.backend.read_history(document_id)
+        try:
+            return await services.backend.read_history(document_id)
+        except BackendUnavailable:  # a retry, like the other endpoints' 503
+            return Response(orjson.dumps({"error": "the shared backend is unavailable; retry "
+                                          "shortly"}), status_code=503,
+                            media_type="application/json", headers={"Retry-After": "1"})
 
     async def history(request: Request) -> Response:
         entries = await document_history(request)

@@ -196,7 +196,11 @@ class Authenticator:
             raise AuthError("invalid token: 'docs' must be a list of strings")
         if role not in ("editor", "viewer"):
             raise AuthError("invalid token: 'role' must be 'editor' or 'viewer'")
-        return Principal(sub, frozenset(docs), role, float(claims["exp"]))
+        try:
+            expires = float(claims["exp"])  # pyjwt checked it is a number; it may not fit
+        except (OverflowError, ValueError):
+            raise AuthError("invalid token: 'exp' is out of range") from None
+        return Principal(sub, frozenset(docs), role, expires)
 
     def issue_dev_token(
         self, user: str, docs: list[str], role: Role, ttl_s: float = 3600.0

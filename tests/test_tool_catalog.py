@@ -230,6 +230,10 @@ def test_unreadable_or_missing_or_invalid_file(tmp_path: Path) -> None:
     bad.write_text("[[tools]\n")
     with pytest.raises(ConfigError, match=r"bad.toml: not valid TOML"):
         load_config(bad)
+    latin = tmp_path / "latin.toml"  # was a UnicodeDecodeError traceback at startup
+    latin.write_bytes(b'[[workflows]]\nname = "caf\xe9"\n')
+    with pytest.raises(ConfigError, match=r"latin.toml: not valid TOML \(not UTF-8\)$"):
+        load_config(latin)
     good = tmp_path / "good.toml"
     good.write_text('[[tools]]\nimport = "tests.tool_fixtures:greet"\ntypo = 1\n')
     with pytest.raises(ConfigError, match=r"good.toml: unknown key tools\[0\].typo$"):

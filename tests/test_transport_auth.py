@@ -158,3 +158,10 @@ async def test_connection_cap_per_user() -> None:
                 pass
         async with joined(srv, client_id="d"):  # slots are released on disconnect
             pass
+
+
+async def test_an_exp_too_large_for_a_float_is_refused(server: Server) -> None:
+    huge = jwt.encode({"sub": "alice", "docs": ["*"], "exp": 10**400}, SECRET, algorithm="HS256")
+    async with ws_client(server.ws_url()) as client:
+        await client.send({"type": "hello", "protocol": 1, "client_id": "t", "token": huge})
+        assert await client.expect_close() == 4001

@@ -84,3 +84,19 @@ async def test_subprotocol_selected_when_offered(server: Server) -> None:
         assert client.ws.subprotocol == "cowrite.v1"
     async with joined(server) as (client, _):
         assert client.ws.subprotocol is None
+
+
+async def test_history_is_a_503_to_retry_while_the_backend_is_down(
+        server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    from server.backends.base import BackendUnavailable
+
+    async def down(_document_id: str) -> list[dict[str, object]]:
+        raise BackendUnavailable("redis is down")
+
+    monkeypatch.setattr(server.services.backend, "read_history", down)
+    headers = {"Authorization": f"Bearer {token()}"}
+    async with httpx.AsyncClient() as http:
+        for path in ("history", "threads"):
+            answer = await http.get(f"{server.http}/v1/documents/doc-1/{path}", headers=headers)
+            assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
+            assert "redis" not in answer.text and "retry" in answer.json()["error"]

@@ -18,6 +18,7 @@ import orjson
 from protocol.client import ToolSpec
 from server.ports import ServerTools
 from server.records import quick_init
+from server.tools.schemas import ArgumentCheck, argument_check
 
 SCHEMA_CHECKS_CACHED = 512
 VERDICTS_KEPT = 64  # per run
@@ -62,7 +63,8 @@ def _judge_schema(parameters: dict[str, Any]) -> str | None:
         return f"is not a valid JSON Schema: {exc.message}"
     except RecursionError:
         return "is nested too deeply"
-    return None
+    problem = argument_check("", parameters)  # jsonschema fails to compile a few
+    return problem if isinstance(problem, str) else None
 
 
 @quick_init
@@ -72,6 +74,13 @@ class CheckedCall:
     arguments: dict[str, Any]
     executor: Literal["client", "server"]
     requires_approval: bool
+
+
+def _usable(name: str, check: ArgumentCheck | str) -> ArgumentCheck:
+    """A client tool's check; one whose schema cannot be used refuses every call."""
+    if isinstance(check, str):
+        return lambda _arguments: f"tool {name} cannot be called: {check}"
+    return check
 
 
 class ToolBox:
@@ -90,20 +99,14 @@ class ToolBox:
                        if spec.name not in self.client and allowed(spec.name)}
         self._approval = approval
         self._offered: list[dict[str, Any]] | None = None
-        self._validators = {
-            name: jsonschema.Draft202012Validator(tool.parameters)
-            for name, tool in self.client.items()
-        }
+        self._checks = {name: _usable(name, argument_check(name, tool.parameters))
+                        for name, tool in self.client.items()}
         # (tool, raw arguments) -> the schema's verdict: a model repeats the same calls
         # (`{}` for a read) and jsonschema's walk is most of checking one.
         self._verdicts: dict[tuple[str, str], str | None] = {}
 
     def _schema_verdict(self, name: str, arguments: dict[str, Any]) -> str | None:
-        errors = sorted(self._validators[name].iter_errors(arguments), key=lambda e: e.path)
-        if errors:
-            where = "/".join(str(p) for p in errors[0].absolute_path) or "(arguments)"
-            return f"invalid arguments for {name} at {where}: {errors[0].message}"
-        return None
+        return self._checks[name](arguments)
 
     def openai_tools(self) -> list[dict[str, Any]]:
         """The tools as the model is offered them: built once per run, not per turn."""

@@ -23,10 +23,9 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
-import jsonschema
 import orjson
 
 from server.tools.builtin import BUILTIN_IMPORTS
@@ -35,6 +34,7 @@ from server.tools.context import ToolContext, ToolError, ToolUnavailable
 from server.tools.mcp_results import placeholder_names
 from server.tools.mcp_source import McpConnection, McpTimings
 from server.tools.pytools import PythonTool, ToolLoadError, load_python_tool
+from server.tools.schemas import argument_check
 
 log = logging.getLogger("cowrite.tools")
 
@@ -65,25 +65,16 @@ def _failed(message: str, code: str) -> ToolInvocation:
     return ToolInvocation("error", error={"message": message, "code": code})
 
 
+def _unchecked(_arguments: dict[str, Any]) -> str | None:
+    return None
+
+
 @dataclass
 class _Entry:
     spec: ServerToolSpec
     problem: str | None
     run: Callable[[dict[str, Any], ToolContext], Awaitable[Any]] | None = None
-    check: Callable[[dict[str, Any]], str | None] = field(default=lambda _: None)
-
-
-def _jsonschema_check(name: str, schema: dict[str, Any]) -> Callable[[dict[str, Any]], str | None]:
-    validator = jsonschema.Draft202012Validator(schema)
-
-    def check(arguments: dict[str, Any]) -> str | None:
-        errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))
-        if not errors:
-            return None
-        where = "/".join(str(p) for p in errors[0].absolute_path) or "(arguments)"
-        return f"invalid arguments for {name} at {where}: {errors[0].message}"
-
-    return check
+    check: Callable[[dict[str, Any]], str | None] = _unchecked
 
 
 class ToolCatalog:
@@ -153,13 +144,16 @@ class ToolCatalog:
         entries = []
         for tool in connection.tools:
             problem = tool.problem or connection.problem
+            check = argument_check(tool.name, tool.parameters) if problem is None else None
+            if isinstance(check, str):  # one tool's schema, not the catalog, is unusable
+                problem, check = check, None
 
             async def run(arguments: dict[str, Any], _: ToolContext, mcp_name: str = tool.mcp_name
                           ) -> Any:
                 return await connection.call(mcp_name, arguments)
 
             entries.append(_Entry(spec(tool.name, tool.description, tool.parameters), problem,
-                                  run, _jsonschema_check(tool.name, tool.parameters)))
+                                  run, check or _unchecked))
         return entries
 
     def _resolve(self) -> tuple[dict[str, _Entry], list[_Entry]]:

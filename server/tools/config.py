@@ -159,4 +159,6 @@ def load_config(path: Path) -> CowriteConfig:
         raise ConfigError(f"COWRITE_CONFIG {path}: cannot read it ({exc.strerror})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"COWRITE_CONFIG {path}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"COWRITE_CONFIG {path}: not valid TOML (not UTF-8)") from None
     return parse_config(data, f"COWRITE_CONFIG {path}")

@@ -63,6 +63,8 @@ def _schema_problem(schema: dict[str, Any]) -> str | None:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError:
         return "its input schema is not a valid JSON Schema"
+    except RecursionError:  # one tool's schema, not the whole listing
+        return "its input schema is nested too deeply"
     return None
 
 

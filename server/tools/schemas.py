@@ -1,0 +1,44 @@
+"""Checking tool arguments against a JSON Schema without ever leaving the process.
+
+Given no registry, jsonschema resolves a `$ref` to an http(s) address by
+fetching it, synchronously, on the event loop: a tool schema from a client
+(`run.start` tools) or an MCP server could make cowrite request any address
+it can reach, and stall every run meanwhile. With an empty
+`referencing.Registry` only what the schema itself contains resolves. A
+schema jsonschema cannot compile, a `$ref` to something outside it, and
+arguments that exhaust the recursion of a recursive schema are the call's
+problem (a message for the model), never an exception in the run.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import jsonschema
+import referencing
+from referencing.exceptions import Unresolvable
+
+NO_FETCHING: referencing.Registry[Any] = referencing.Registry()
+ArgumentCheck = Callable[[dict[str, Any]], str | None]
+
+
+def argument_check(name: str, schema: dict[str, Any]) -> ArgumentCheck | str:
+    """The check of `name`'s arguments (None: valid; else the model's message), or why
+    `schema` cannot be used at all."""
+    try:
+        validator = jsonschema.Draft202012Validator(schema, registry=NO_FETCHING)
+    except Exception:  # jsonschema fails while compiling some invalid schemas
+        return "its input schema cannot be used"
+
+    def check(arguments: dict[str, Any]) -> str | None:
+        try:
+            errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))
+        except Unresolvable:
+            return f"the input schema of {name} refers to a schema it does not contain"
+        except RecursionError:
+            return f"arguments of {name} are nested too deeply"
+        if not errors:
+            return None
+        where = "/".join(str(p) for p in errors[0].absolute_path) or "(arguments)"
+        return f"invalid arguments for {name} at {where}: {errors[0].message}"
+
+    return check
