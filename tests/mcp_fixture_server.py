@@ -72,6 +72,14 @@ def build() -> MCPServer:
         await ctx.notify_tools_changed()
         return "grown"
 
+    @mcp.tool()
+    async def storm(ctx: Context, times: int, every_s: float) -> str:
+        """Announce a tool list change `times` times, `every_s` apart."""
+        for _ in range(times):
+            await ctx.notify_tools_changed()
+            await asyncio.sleep(every_s)
+        return "calm"
+
     return mcp
 
 

@@ -3,6 +3,7 @@ and over streamable HTTP (uvicorn on a free port), both started by the tests."""
 
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
 import sys
@@ -12,6 +13,7 @@ from typing import Any
 
 import anyio
 import orjson
+import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
@@ -49,7 +51,7 @@ async def test_stdio_listing_calls_and_result_mapping() -> None:
     async with started(STDIO) as tools:
         described = {e["name"]: e for e in tools.describe() if e["source"] == "mcp:fx"}
         assert set(described) == {"fx__add", "fx__shout", "fx__pid", "fx__slow", "fx__refuse",
-                                  "fx__dotted_name", "fx__grow"}
+                                  "fx__dotted_name", "fx__grow", "fx__storm"}
         add = described["fx__add"]
         assert add["available"] and add["requires_approval"]  # MCP default: approval
         assert add["description"] == "Add two integers."
@@ -134,6 +136,27 @@ async def test_tool_list_changed_refreshes_the_listing() -> None:
         await until(tools, lambda: available(tools).get("fx__extra") is True)
         extra = await tools.invoke("fx__extra", {}, tool_context())
         assert extra.output == {"result": "extra!"}
+
+
+async def test_a_storm_of_change_notices_costs_one_listing_per_gap(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    listings: list[float] = []
+    real = McpConnection._list_tools
+
+    async def counted(self: McpConnection, client: Any) -> None:
+        listings.append(asyncio.get_running_loop().time())
+        await real(self, client)
+
+    monkeypatch.setattr(McpConnection, "_list_tools", counted)
+    async with started(STDIO) as tools:
+        before = len(listings)
+        calm = await tools.invoke("fx__storm", {"times": 40, "every_s": 0.02}, tool_context())
+        assert calm.output == {"result": "calm"}
+        await asyncio.sleep(1.2)  # the gap after the storm's last notice
+        during = listings[before:]
+    # 40 notices over 0.8 s: without the gap, about one listing each
+    assert 1 <= len(during) <= 3, len(during)
+    assert all(b - a >= 0.95 for a, b in itertools.pairwise(during))
 
 
 async def test_server_that_cannot_start_is_reported_and_calls_fail_cleanly() -> None:
