@@ -49,7 +49,7 @@ from server.services import Services
 from server.session import DocumentSession
 from server.tasks import ExpiryWheel
 from server.transport import TRANSPORT_KEY, finish_close
-from server.wsprotocol import LeanSansIOProtocol
+from server.wsprotocol import HELLO_MAX_BYTES, LeanSansIOProtocol, frame_limit, limit_messages
 
 logger = logging.getLogger("cowrite.endpoint")
 DOCUMENT_ID_RE = re.compile(DOCUMENT_ID_PATTERN)
@@ -88,6 +88,7 @@ async def document_socket(ws: WebSocket) -> None:
         return
     try:
         offered = [p.strip() for p in (_header(ws, "sec-websocket-protocol") or "").split(",")]
+        limit_messages(ws.scope.get(TRANSPORT_KEY), HELLO_MAX_BYTES)  # until the hello
         await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
     except BaseException:
         gate.leave()
@@ -178,6 +179,7 @@ async def _open(
             code=ErrorCode.FORBIDDEN, message="this token does not grant the document",
             reply_to=hello.id))
         return None
+    limit_messages(ws.scope.get(TRANSPORT_KEY), frame_limit(services.settings.max_message_bytes))
     limit = services.settings.max_connections_per_user
     connection_id = uuid.uuid4().hex
     try:

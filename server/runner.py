@@ -17,7 +17,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from server.settings import Settings
-from server.wsprotocol import LeanSansIOProtocol
+from server.wsprotocol import LeanSansIOProtocol, frame_limit
 
 
 def uvicorn_config(app: Starlette, settings: Settings, **overrides: Any) -> uvicorn.Config:
@@ -25,7 +25,7 @@ def uvicorn_config(app: Starlette, settings: Settings, **overrides: Any) -> uvic
         "host": settings.host,
         "port": settings.port,
         "ws": LeanSansIOProtocol,
-        "ws_max_size": settings.max_message_bytes * 4 + 4096,
+        "ws_max_size": frame_limit(settings.max_message_bytes),
         "ws_ping_interval": settings.heartbeat_s,
         "ws_ping_timeout": settings.heartbeat_s * 2,
         "ws_per_message_deflate": False,

@@ -197,3 +197,23 @@ class LeanSansIOProtocol(WebSocketsSansIOProtocol):
         super().start_keepalive()
         if getattr(self, "response", None) is not None:
             self.response = None  # type: ignore[assignment]
+
+
+HELLO_MAX_BYTES = 65_536
+"""The largest first message of a document socket: a `hello` (a JWT and a resume point)."""
+
+
+def frame_limit(max_message_bytes: int) -> int:
+    """The largest message uvicorn's protocol takes (a JSON frame of `max_message_bytes`
+    characters, each up to 4 bytes of UTF-8, and some envelope)."""
+    return max_message_bytes * 4 + 4096
+
+
+def limit_messages(transport: Any, size: int) -> None:
+    """The largest message the connection accepts from now on. The document socket holds
+    it to `HELLO_MAX_BYTES` until the hello has passed: before that nobody is known, and
+    256 handshaking sockets (the handshake cap) each filling a 4 MiB frame held ~1 GB. A
+    larger message fails the connection (1009), as websockets does past any limit."""
+    protocol = transport.get_protocol() if transport is not None else None
+    if isinstance(protocol, LeanSansIOProtocol):
+        protocol.conn.max_message_size = size

@@ -165,3 +165,21 @@ async def test_an_exp_too_large_for_a_float_is_refused(server: Server) -> None:
     async with ws_client(server.ws_url()) as client:
         await client.send({"type": "hello", "protocol": 1, "client_id": "t", "token": huge})
         assert await client.expect_close() == 4001
+
+
+async def test_before_the_hello_a_frame_is_at_most_64_kib(server: Server) -> None:
+    """Nobody is known before the hello: a larger first frame fails the connection
+    (1009) instead of being buffered (256 handshaking sockets of 4 MiB held ~1 GB);
+    after the hello, frames up to the configured size pass as before."""
+    from server.wsprotocol import HELLO_MAX_BYTES
+
+    async with ws_client(server.ws_url()) as client:
+        await client.ws.send("x" * (HELLO_MAX_BYTES + 1))
+        assert await client.expect_close() == 1009
+    big_context = {"document": {"text": "y" * 500_000}}  # 500 KB, under 1 MiB
+    async with joined(server) as (client, _):
+        await client.send({"type": "run.start", "id": "s", "prompt": "hi", "tools": [],
+                           "context": big_context})
+        ack = await client.recv_until(lambda e: e.get("reply_to") == "s")
+        assert ack["type"] == "ack"
+        await client.recv_until("run.finished")
