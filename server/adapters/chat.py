@@ -75,7 +75,7 @@ class Pending:
 
 
 class ChatRun(Generic[Item]):
-    def __init__(self, key: "ChatKey", link: RunLink, run_id: str,
+    def __init__(self, key: ChatKey, link: RunLink, run_id: str,
                  translator: Translator[Item], on_done: Callable[["ChatRun[Item]"], None]
                  ) -> None:
         self.key = key
