@@ -3,7 +3,8 @@
 `websockets-sansio` was the fastest uvicorn WebSocket implementation on these
 machines and honours the ping settings; it runs as `LeanSansIOProtocol`
 (server/wsprotocol.py: the same protocol holding less per idle connection).
-permessage-deflate is off (CPU on tiny frames, compression bombs). uvicorn's
+Request heads are bounded in size and time
+(server/httpguard.py). permessage-deflate is off (CPU on tiny frames, compression bombs). uvicorn's
 own frame cap sits above ours so a too-large frame normally gets our
 `too_large` error before close 1009.
 """
@@ -16,6 +17,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
+from server.httpguard import GuardedHttpProtocol
 from server.settings import Settings
 from server.wsprotocol import LeanSansIOProtocol, frame_limit
 
@@ -24,6 +26,7 @@ def uvicorn_config(app: Starlette, settings: Settings, **overrides: Any) -> uvic
     options: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
+        "http": GuardedHttpProtocol,
         "ws": LeanSansIOProtocol,
         "ws_max_size": frame_limit(settings.max_message_bytes),
         "ws_ping_interval": settings.heartbeat_s,
@@ -41,8 +44,8 @@ def uvicorn_config(app: Starlette, settings: Settings, **overrides: Any) -> uvic
 def metrics_config(app: Starlette, settings: Settings) -> uvicorn.Config:
     """The `COWRITE_METRICS_PORT` listener: plain HTTP, same host, no lifespan."""
     return uvicorn.Config(app, host=settings.host, port=settings.metrics_port or 0,
-                          lifespan="off", log_level="warning", access_log=False,
-                          ws="none", timeout_graceful_shutdown=1)
+                          http=GuardedHttpProtocol, lifespan="off", log_level="warning",
+                          access_log=False, ws="none", timeout_graceful_shutdown=1)
 
 
 class MetricsServer(uvicorn.Server):

@@ -125,6 +125,16 @@ class LeanSansIOProtocol(WebSocketsSansIOProtocol):
         # reads everything.
         self._cursor: FrameCursor | None = None
         self._first_read = True
+        self._asgi_app = self.app
+        self.app = self._serve
+
+    async def _serve(self, scope: Any, receive: Any, send: Any) -> None:
+        """The app, and a refusal sent as an HTTP response (403, 404, 503) counted as a
+        finished handshake: uvicorn leaves that flag unset on this path and logged
+        "ASGI callable returned without completing handshake" at ERROR for each one."""
+        await self._asgi_app(scope, receive, send)
+        if self.initial_response is not None and self.close_sent:
+            self.handshake_complete = True
 
     def data_received(self, data: bytes) -> None:
         """A read that is nothing but whole text messages, arriving where websockets'
@@ -142,6 +152,9 @@ class LeanSansIOProtocol(WebSocketsSansIOProtocol):
         elif self._first_read:
             self._first_read = False
             super().data_received(data)
+            if self.conn.handshake_exc is not None and not self.handshake_initiated:
+                self._refuse_request()
+                return
             if FAST_FRAMES and self.handshake_initiated and not self.handshake_complete \
                     and data.find(b"\r\n\r\n") == len(data) - 4 and not self.conn.reader.buffer:
                 self._cursor = FrameCursor()
@@ -149,6 +162,14 @@ class LeanSansIOProtocol(WebSocketsSansIOProtocol):
         elif not self.handshake_complete:
             self._cursor = None  # a frame before the handshake completed: websockets reads
         super().data_received(data)
+
+    def _refuse_request(self) -> None:
+        """An upgrade request websockets would not parse (a header line over 8 KiB, over
+        128 headers): websockets queued its answer (431, or nothing for garbage) but
+        uvicorn writes only for a parsed request, so the client waited forever."""
+        self.handshake_complete = self.close_sent = True
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.transport.close()
 
     def _read_directly(self, data: bytes) -> bool:
         """Hand the app the messages of `data` if `text_messages` can read all of it
