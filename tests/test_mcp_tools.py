@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from server.tools.catalog import ToolCatalog
 from server.tools.config import McpServerConfig
+from server.tools.context import ToolUnavailable
 from server.tools.mcp_source import McpConnection, McpTimings
 from tests.harness import free_port
 from tests.mcp_fixture_server import build
@@ -287,3 +288,32 @@ async def test_http_server_down_then_back(tmp_path: Path) -> None:
         finally:
             await tools.close()
             await server.stop()
+
+
+async def test_a_late_failure_of_a_call_on_an_old_connection_leaves_the_new_one_up() -> None:
+    """A call begun on a connection the supervisor has since replaced fails late (its
+    transport broke); it used to mark the *new*, healthy connection lost and restart
+    the server. Only the old connection is a stand-in here: the new one is real."""
+    async with started(STDIO) as tools:
+        ctx = tool_context()
+        pid = (await tools.invoke("fx__pid", {}, ctx)).output["result"]
+        connection = tools._mcp[0]
+        current = connection._client
+        release = asyncio.Event()
+
+        class ReplacedClient:
+            async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
+                await release.wait()
+                raise anyio.BrokenResourceError
+
+        connection._client = ReplacedClient()  # type: ignore[assignment]
+        late = asyncio.create_task(connection.call("pid", {}))
+        await asyncio.sleep(0)  # the call took the old connection
+        connection._client = current  # the supervisor connected again meanwhile
+        release.set()
+        with pytest.raises(ToolUnavailable):
+            await late
+        assert connection.up and connection.problem is None
+        await asyncio.sleep(0.3)  # a restart, had one begun, would show here
+        assert available(tools)["fx__pid"]
+        assert (await tools.invoke("fx__pid", {}, ctx)).output["result"] == pid

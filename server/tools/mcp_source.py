@@ -153,25 +153,28 @@ class McpConnection:
             result = await client.call_tool(mcp_name, arguments)
         except MCPError as exc:
             if exc.code == mcp_types.CONNECTION_CLOSED:
-                self._connection_lost()
+                self._connection_lost(client)
                 raise ToolUnavailable(f"MCP server {self.name} went away during the call") from exc
             log.warning("mcp server %s refused %s: %s", self.name, mcp_name, exc.error.message)
             raise ToolError(f"MCP server {self.name} refused the call (error {exc.code})") from exc
         except _CONNECTION_ERRORS as exc:
-            self._connection_lost()
+            self._connection_lost(client)
             raise ToolUnavailable(f"MCP server {self.name} went away during the call") from exc
         return tool_output(result)
 
     # The supervisor ---------------------------------------------------------
 
-    def _connection_lost(self, reason: str = "connection lost") -> None:
-        """Stop offering the tools at once; the supervisor then reconnects."""
+    def _connection_lost(self, client: Client) -> None:
+        """Stop offering the tools at once; the supervisor then reconnects. Only for the
+        current connection: a call begun on an earlier one can fail after the
+        supervisor has connected again, and that new connection is fine."""
+        if client is not self._client:
+            return
         self._lost = True
         self._wake.set()
-        if self._client is not None:
-            self._client = None
-            self.problem = f"MCP server {self.name} is down ({reason}); restarting"
-            self._notify()
+        self._client = None
+        self.problem = f"MCP server {self.name} is down (connection lost); restarting"
+        self._notify()
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, mcp_types.ToolListChangedNotification):
@@ -266,7 +269,7 @@ class McpConnection:
             except (ListenNotSupportedError, MCPError):
                 return  # the server offers no listen stream: polling only
             except SubscriptionLost:
-                self._connection_lost()
+                self._connection_lost(client)
                 return
             self._wake.set()  # a graceful end: relist (a probe), then listen again
             await anyio.sleep(self.timings.retry_min_s)
