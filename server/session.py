@@ -20,8 +20,10 @@ import orjson
 
 from protocol.base import PROTOCOL_VERSION
 from protocol.client import ClientMessage, EditorChange, Hello
+from protocol.codes import CloseCode
 from protocol.server import DocumentChanged, DurableServerEvent, Limits, MessageDelta, Welcome
 from server.backends.base import (
+    LOG_RESET,
     Backend,
     BackendUnavailable,
     LoggedEvent,
@@ -186,6 +188,10 @@ class DocumentSession:
 
     # -- outbound --------------------------------------------------------------
     def _on_event(self, event: LoggedEvent) -> None:
+        if event.seq == 0 and event.type == LOG_RESET:  # Redis lost the log they followed:
+            for conn in list(self.connections.values()):  # resume, to get epoch_changed
+                conn.close(CloseCode.INTERNAL_ERROR, "document log reset", drop_pending=True)
+            return
         for conn in self.connections.values():
             conn.outbound.push_event(event)
         if event.type == "run.finished":
@@ -355,10 +361,8 @@ class DocumentSession:
 
 class SessionHub:
     """The document sessions of this instance, created on first use, forgotten once idle
-    and unused.
-
-    Each `get` is a hold, given back by one `release`: a session is forgotten only when
-    nobody holds it. Without holds, a holder that was still setting up (a takeover
+    and unused. Each `get` is a hold, given back by one `release`: a session is forgotten
+    only when nobody holds it. Without holds, a holder still setting up (a takeover
     adopting a run, a connection joining: both await the backend before the session
     looks busy) could see the session forgotten under it by another holder's release;
     its run then lived in a session no message could reach."""

@@ -75,6 +75,10 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
     def busy(self) -> bool:
         return self.active is not None
 
+    def drives(self, run_id: str) -> bool:
+        """Whether this instance's driver runs `run_id` now."""
+        return self.active is not None and self.active.run_id == run_id
+
     async def snapshot(self, for_user: str | None = None) -> RunSnapshot | None:
         """The active run, whichever instance runs it (tokens only for its user)."""
         driver = self.active

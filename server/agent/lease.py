@@ -54,7 +54,30 @@ class RunLease:
         if not self.shared:
             return True
         async with self._lock:
-            return await self._write(state)
+            return await self._write(state) or (await self._reclaim(state)
+                                                and await self._write(state))
+
+    async def _reclaim(self, state: RunState) -> bool:
+        """Claim the run again if the registry lost it: no record of it and nobody holding
+        the document (Redis came back without its data: a restart without persistence,
+        an empty replica). The run goes on here; it used to stop without a
+        `run.finished`, and its clients were told it did not exist. A run taken over or
+        ended by another instance has a record: that one stays lost."""
+        registry, document_id = self.env.registry, state.document_id
+        try:
+            if await registry.get_run_record(document_id, state.run_id) is not None:
+                return False
+            if await registry.claim_run(document_id, state.to_record(self.env.instance_id),
+                                        self.env.settings.run_lease_s) is not None:
+                return False  # another run holds the document now
+            await registry.put_run_record(document_id, state.run_id, {
+                "status": "running", "user_id": state.user_id, "client_id": state.client_id})
+        except BackendUnavailable:
+            return False
+        logger.warning("run claimed again: the shared registry had lost it",
+                       extra={"run_id": state.run_id, "document_id": document_id})
+        self._written = Written()  # its checkpoint parts went with the rest: rewrite them
+        return True
 
     async def announce(self, state: RunState) -> bool:
         """Share `state` before the events that announce it (a survivor then knows every

@@ -279,6 +279,8 @@ class RunRouter:
     async def _take_over(self, document_id: str, record: dict[str, Any]) -> bool:
         """Go on with a run whose owner died, from its checkpoint (section 13); False
         when it has none or is older than the run timeout (then it ends server_lost)."""
+        if self._runs_here(document_id, str(record.get("run_id"))):
+            return True  # its lease lapsed (Redis was away) and came back to its owner
         checkpoint = record.get("checkpoint") or {}
         started = int(checkpoint.get("started_ms") or 0)
         if not self.durable or not started or now_ms() - started > self.run_timeout_s * 1000:
@@ -292,6 +294,13 @@ class RunRouter:
             return False
         finally:
             self.hub.release(session)
+
+    def _runs_here(self, document_id: str, run_id: str) -> bool:
+        """Whether this instance drives `run_id` now. After an outage longer than a lease,
+        this instance's own janitor finds its live runs' leases lapsed; taking one "over"
+        found the coordinator busy and ended the run (`server_lost`) under its own driver."""
+        session = self.hub.sessions.get(document_id)
+        return session is not None and session.runs.drives(run_id)
 
     async def _end_orphan(self, document_id: str, record: dict[str, Any]) -> None:
         state = orphan_state(document_id, record)

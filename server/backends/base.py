@@ -45,6 +45,14 @@ class LogHead(NamedTuple):
 
 EventListener = Callable[[LoggedEvent], None]
 
+RUN_RECORDS_MAX = 1000
+"""Run records kept per document (the newest by first write); older ones are dropped."""
+
+LOG_RESET = "log.reset"
+"""The type of the one `LoggedEvent` (seq 0, no frame) that is not an event: the document's
+log restarted under a new epoch (Redis lost its data: a restart without persistence, a
+failover to an empty replica). What a connection was sent no longer lines up with the log."""
+
 
 class BackendUnavailable(Exception):
     """The shared backend (Redis) cannot be reached; the request may be retried."""

@@ -35,6 +35,7 @@ from operator import itemgetter
 from typing import Any
 
 from server.backends.base import (
+    RUN_RECORDS_MAX,
     EventListener,
     LoggedEvent,
     LogHead,
@@ -46,7 +47,6 @@ from server.backends.memory_instances import MemoryInstances
 
 logger = logging.getLogger("cowrite.memory")
 HISTORY_MAX_ENTRIES = 2000
-RUN_RECORDS_MAX = 1000
 SWEEP_MAX_INTERVAL_S = 30.0
 TRIM_AFTER_EVICTIONS = 256
 

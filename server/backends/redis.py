@@ -4,7 +4,8 @@ Per document (keys share a hash tag, so a cluster keeps them on one slot):
 - `cw:{doc}:meta` hash: `epoch`, `last_seq`;
 - `cw:{doc}:log` stream: one entry per event, ID `<seq>-1`, trimmed with
   `MAXLEN ~` (which keeps at least the last N);
-- `cw:{doc}:hist` list: conversation history; `cw:{doc}:runs` hash: run records.
+- `cw:{doc}:hist` list: conversation history; `cw:{doc}:runs` hash: run records
+  (the newest `RUN_RECORDS_MAX` by first write, kept in `cw:{doc}:run-order`).
 The event is serialized in Python before the script runs, so an event that
 cannot be encoded (`UnloggableEvent`) never takes a seq. One Lua script
 stamps seq, writes the stream entry and publishes the frame on
@@ -23,7 +24,7 @@ import logging
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import orjson
@@ -31,6 +32,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from server.backends.base import (
+    RUN_RECORDS_MAX,
     BackendUnavailable,
     EventListener,
     LoggedEvent,
@@ -40,6 +42,7 @@ from server.backends.base import (
     cancel_requested,
     encode_event_body,
 )
+from server.backends.redis_fanout import RedisFanOut, channel_of
 from server.backends.redis_instances import RedisInstances
 from server.backends.redis_queue import RedisRunQueue
 from server.backends.redis_scripts import (
@@ -50,6 +53,7 @@ from server.backends.redis_scripts import (
     HAND_OFF_RUN_LUA,
     HEAD_LUA,
     PRESENT_LUA,
+    PUT_RUN_RECORD_LUA,
     RELEASE_RUN_LUA,
     RENEW_RUN_LUA,
     RUN_SLOT_LUA,
@@ -78,15 +82,11 @@ def _run_keys(document_id: str) -> list[str]:
             f"cw:{{{document_id}}}:run-parts"]
 
 
-def _channel(document_id: str) -> str:
-    return f"cw:live:{{{document_id}}}"
-
-
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class RedisBackend(RedisRunQueue, RedisInstances):
+class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
     remote = True
 
     def __init__(self, url: str, log_max_events: int = 10_000, op_timeout_s: float = 2.0) -> None:
@@ -106,6 +106,7 @@ class RedisBackend(RedisRunQueue, RedisInstances):
         self._hand_off_run = self._redis.register_script(HAND_OFF_RUN_LUA)
         self._expired_runs = self._redis.register_script(EXPIRED_RUNS_LUA)
         self._present = self._redis.register_script(PRESENT_LUA)
+        self._put_run_record = self._redis.register_script(PUT_RUN_RECORD_LUA)
         self._presence: dict[str, str] = {}  # member -> document id
         self._listeners: dict[str, list[EventListener]] = defaultdict(list)
         self._last_seen: dict[str, tuple[str, int]] = {}
@@ -149,7 +150,7 @@ class RedisBackend(RedisRunQueue, RedisInstances):
         epoch, seq, frame = await self._call(self._append(
             keys=_keys(document_id),
             args=[uuid.uuid4().hex, body, _now_ms(), self._log_max_events, event_type,
-                  _channel(document_id)],
+                  channel_of(document_id)],
         ))
         logged = LoggedEvent(int(seq), event_type, frame)
         self._deliver(document_id, epoch, logged)
@@ -185,86 +186,6 @@ class RedisBackend(RedisRunQueue, RedisInstances):
             return "history_truncated"  # entries are found by seq (stream ID); none may miss
         return events
 
-    # -- live fan-out ------------------------------------------------------------
-    async def subscribe(self, document_id: str, listener: EventListener) -> None:
-        first = not self._listeners.get(document_id)
-        self._listeners[document_id].append(listener)
-        if first:
-            async with self._subscribe_lock:
-                if self._pubsub is not None:
-                    with contextlib.suppress(RedisError, OSError):
-                        await self._pubsub.subscribe(_channel(document_id))
-
-    def unsubscribe(self, document_id: str, listener: EventListener) -> None:
-        listeners = self._listeners.get(document_id)
-        if listeners and listener in listeners:
-            listeners.remove(listener)
-        if listeners is not None and not listeners:
-            del self._listeners[document_id]
-            self._last_seen.pop(document_id, None)
-            if self._pubsub is not None:
-                task = asyncio.get_running_loop().create_task(self._unsubscribe(document_id))
-                task.add_done_callback(lambda t: t.cancelled() or t.exception())
-
-    async def _unsubscribe(self, document_id: str) -> None:
-        async with self._subscribe_lock:
-            if document_id not in self._listeners and self._pubsub is not None:
-                with contextlib.suppress(RedisError, OSError):
-                    await self._pubsub.unsubscribe(_channel(document_id))
-
-    def _deliver(self, document_id: str, epoch: str | None, event: LoggedEvent) -> None:
-        seen = self._last_seen.get(document_id)
-        if epoch is not None:
-            self._last_seen[document_id] = (epoch, max(event.seq, seen[1] if seen else 0))
-        for listener in tuple(self._listeners.get(document_id, ())):
-            listener(event)
-
-    async def _pubsub_loop(self) -> None:
-        """Receive live frames; after any reconnect, re-read what was missed."""
-        delay = 0.1
-        while not cancel_requested():
-            try:
-                async with self._subscribe_lock:
-                    self._pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-                    await self._pubsub.subscribe("cw:instance-alive")
-                    channels = [_channel(doc) for doc in self._listeners]
-                    if channels:
-                        await self._pubsub.subscribe(*channels)
-                await self._catch_up()
-                delay = 0.1
-                async for message in self._messages():
-                    channel: str = message["channel"]
-                    if not channel.startswith("cw:live:{"):
-                        continue
-                    document_id = channel[len("cw:live:{"):-1]
-                    seq, event_type, frame = message["data"].split(" ", 2)
-                    self._deliver(document_id, None, LoggedEvent(int(seq), event_type, frame))
-            except asyncio.CancelledError:
-                raise
-            except (RedisError, OSError) as exc:
-                logger.warning("redis pub/sub lost (%s); reconnecting", exc)
-            self.reconnects += 1
-            if self._pubsub is not None:
-                with contextlib.suppress(Exception):
-                    await self._pubsub.aclose()
-                self._pubsub = None
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
-
-    async def _messages(self) -> AsyncIterator[dict[str, Any]]:
-        while not cancel_requested():
-            message = await self._pubsub.get_message(timeout=1.0)
-            if message is not None and message.get("type") == "message":
-                yield message
-
-    async def _catch_up(self) -> None:
-        """Deliver events appended while this instance was not listening."""
-        for document_id, (epoch, last) in list(self._last_seen.items()):
-            missed = await self.read_after(document_id, epoch, last)
-            if isinstance(missed, list):
-                for event in missed:
-                    self._deliver(document_id, epoch, event)
-
     # -- history and runs --------------------------------------------------------
     async def append_history(self, document_id: str, entries: list[dict[str, Any]]) -> None:
         key = f"cw:{{{document_id}}}:hist"
@@ -278,11 +199,10 @@ class RedisBackend(RedisRunQueue, RedisInstances):
         return [orjson.loads(item) for item in raw]
 
     async def put_run_record(self, document_id: str, run_id: str, record: dict[str, Any]) -> None:
-        key = f"cw:{{{document_id}}}:runs"
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.hset(key, run_id, orjson.dumps(record).decode())
-        pipe.expire(key, RUN_RECORD_TTL_S)
-        await self._call(pipe.execute())
+        await self._call(self._put_run_record(
+            keys=[f"cw:{{{document_id}}}:runs", f"cw:{{{document_id}}}:run-order"],
+            args=[run_id, orjson.dumps(record).decode(), RUN_RECORD_TTL_S, _now_ms(),
+                  RUN_RECORDS_MAX]))
 
     async def get_run_record(self, document_id: str, run_id: str) -> dict[str, Any] | None:
         raw = await self._call(self._redis.hget(f"cw:{{{document_id}}}:runs", run_id))
@@ -315,7 +235,11 @@ class RedisBackend(RedisRunQueue, RedisInstances):
             with contextlib.suppress(RedisError, OSError):
                 pipe = self._redis.pipeline(transaction=False)
                 for connection_id, user_id in list(self._live_connections.items()):
-                    pipe.zadd(f"cw:conns:{{{user_id}}}", {connection_id: expires}, xx=True)
+                    key = f"cw:conns:{{{user_id}}}"
+                    pipe.zadd(key, {connection_id: expires}, xx=True)
+                    # the key's own expiry too: it lapsed 90 s after the last new
+                    # connection, and the user's count began again from zero
+                    pipe.pexpire(key, int(CONNECTION_TTL_S * 1000))
                 for member, document_id in list(self._presence.items()):
                     pipe.zadd(f"cw:{{{document_id}}}:present", {member: expires}, xx=True)
                 await pipe.execute()

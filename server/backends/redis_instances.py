@@ -28,6 +28,7 @@ T = TypeVar("T")
 INSTANCES_KEY = "cw:instances"
 INBOX_MAXLEN = 10_000
 INBOX_TTL_S = 3600
+DEAD_INSTANCE_KEPT_MS = 3_600_000
 logger = logging.getLogger("cowrite.redis")
 
 
@@ -49,8 +50,13 @@ class RedisInstances:
         raise NotImplementedError
 
     async def heartbeat(self, instance_id: str, ttl_s: float) -> None:
-        await self._call(self._redis.zadd(INSTANCES_KEY,
-                                          {instance_id: _now_ms() + int(ttl_s * 1000)}))
+        """Say this instance lives for `ttl_s` more; forget instances an hour dead (a
+        killed instance never leaves: the set grew by one per crash, for ever)."""
+        now = _now_ms()
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.zadd(INSTANCES_KEY, {instance_id: now + int(ttl_s * 1000)})
+        pipe.zremrangebyscore(INSTANCES_KEY, "-inf", now - DEAD_INSTANCE_KEPT_MS)
+        await self._call(pipe.execute())
 
     async def leave(self, instance_id: str) -> None:
         await self._call(self._redis.zrem(INSTANCES_KEY, instance_id))

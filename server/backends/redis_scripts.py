@@ -128,3 +128,19 @@ for _, member in ipairs(members) do
 end
 return 0
 """
+# A run's record (KEYS[1] hash, field ARGV[1]) and the order records were first written
+# (KEYS[2] sorted set): beyond ARGV[5] records the oldest go, as in the memory backend
+# (a busy document's hash grew by one record per run, its TTL pushed back by each).
+PUT_RUN_RECORD_LUA = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('ZADD', KEYS[2], 'NX', ARGV[4], ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+local extra = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[5])
+if extra > 0 then
+  local old = redis.call('ZRANGE', KEYS[2], 0, extra - 1)
+  redis.call('ZREMRANGEBYRANK', KEYS[2], 0, extra - 1)
+  redis.call('HDEL', KEYS[1], unpack(old))
+end
+return 1
+"""

@@ -1,0 +1,120 @@
+"""Instances and Redis coming apart and back together: a pub/sub connection cut, an
+outage longer than a lease, Redis coming back without its data. Real instances
+(subprocesses) on a real redis-server; each case was reproduced failing first."""
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from bench.common import Proc
+from tests.cluster_support import FAST_LEASE, cluster, instance, join, start_run
+from tests.harness import Client
+from tests.redis_support import RedisProcess, redis_process
+from tests.runs import call, script
+
+pytestmark = pytest.mark.redis
+
+
+async def ready(proc: Proc) -> None:
+    """Until the instance answers /readyz 200 (its Redis connection works again)."""
+    async with httpx.AsyncClient() as http:
+        for _ in range(100):
+            if (await http.get(proc.url("/readyz", "http"))).status_code == 200:
+                return
+            await asyncio.sleep(0.1)
+    raise AssertionError("the instance did not become ready again")
+
+
+async def answer(client: Client, tool_call: dict[str, Any], request_id: str) -> dict[str, Any]:
+    await client.send({"type": "tool.result", "id": request_id, "run_id": tool_call["run_id"],
+                       "call_id": tool_call["call_id"], "token": tool_call["token"],
+                       "output": {"text": "the document"}})
+    return await client.recv_until(lambda e: e.get("reply_to") == request_id, timeout=10)
+
+
+async def test_a_reconnected_subscriber_catches_up_on_other_instances_events() -> None:
+    async with cluster() as (redis, (one, two)), join(one, client_id="x") as (x, _), \
+            join(two, sub="bob", client_id="y") as (y, _):
+        async with aioredis.Redis(port=redis.port) as admin:
+            # A network blip that lasts: the subscribers are cut off and cannot come back
+            # while instance two logs a whole run.
+            await admin.execute_command(  # type: ignore[no-untyped-call]
+                "ACL", "SETUSER", "default", "-subscribe")
+            await admin.client_kill_filter(_type="pubsub")
+            await start_run(y, script({"say": "from the other instance"}), "r-1")
+            await y.recv_until("run.finished", timeout=10)
+            await admin.execute_command(  # type: ignore[no-untyped-call]
+                "ACL", "SETUSER", "default", "+subscribe")
+        # Nothing else happens on the document: instance one must read what it missed
+        # itself (it used to wait for a later event to show the gap).
+        finished = await x.recv_until("run.finished", timeout=10)
+        assert finished["run_id"] == "r-1"
+        delivered = [e["seq"] for e in x.events if "seq" in e]
+        assert delivered == sorted(set(delivered)) and delivered[-1] == finished["seq"]
+
+
+async def test_an_outage_longer_than_the_lease_leaves_an_instances_runs_alive() -> None:
+    async with redis_process() as redis, instance(redis, FAST_LEASE) as one, \
+            contextlib.AsyncExitStack() as stack:
+        runs = []
+        for n in range(4):
+            client, _ = await stack.enter_async_context(join(one, f"doc-{n}", client_id="t"))
+            await start_run(client, script({"tool_calls": [call("read_document")]},
+                                           {"say": "done"}), f"run-{n}")
+            runs.append((client, await client.recv_until("tool.call", timeout=10)))
+        await redis.stop()
+        await asyncio.sleep(3)  # three leases
+        await redis.start()
+        await ready(one)
+        await asyncio.sleep(2.5)  # the janitor finds the lapsed leases: they are its own
+        for n, (client, tool_call) in enumerate(runs):
+            acked = await answer(client, tool_call, f"result-{n}")
+            # no `unavailable` either: stale pooled connections were dropped on reconnect
+            assert acked["type"] == "ack" and acked["status"] == "accepted", acked
+            finished = await client.recv_until("run.finished", timeout=10)
+            assert finished["status"] == "completed", finished  # was aborted/server_lost
+
+
+async def test_redis_losing_its_data_resets_the_connections_and_the_run_goes_on() -> None:
+    async with redis_process() as redis, instance(redis, FAST_LEASE) as one:
+        async with join(one, client_id="x") as (x, welcome):
+            await start_run(x, script({"tool_calls": [call("read_document")]},
+                                      {"say": "after the loss"}), "r-lost")
+            tool_call = await x.recv_until("tool.call", timeout=10)
+            await _lose_everything(redis)
+            # The open connection is told to resume (its seqs no longer match the log's)
+            # instead of silently missing the new log's first events.
+            assert await x.expect_close(timeout=15) == 1011
+        resume = {"epoch": welcome["epoch"], "after_seq": tool_call["seq"]}
+        async with join(one, client_id="x", resume=resume) as (again, back):
+            assert back["resume_failed"] == "epoch_changed" and back["epoch"] != welcome["epoch"]
+            active = back["active_run"]
+            for _ in range(50):  # the owner claims its lost run again at its next renewal
+                if active is not None:
+                    break
+                await asyncio.sleep(0.1)
+                async with join(one, sub="bob", client_id="probe") as (_, probe):
+                    active = probe["active_run"]
+            assert active is not None and active["run_id"] == "r-lost"
+            acked = await answer(again, tool_call, "late")
+            assert acked["type"] == "ack" and acked["status"] == "accepted", acked
+            finished = await again.recv_until("run.finished", timeout=10)
+            assert finished["run_id"] == "r-lost" and finished["status"] == "completed"
+
+
+async def _lose_everything(redis: RedisProcess) -> None:
+    """A restart that kept nothing (no persistence, or a failover to an empty replica)."""
+    await redis.stop()
+    _wipe(Path(redis.directory))
+    await redis.start()
+
+
+def _wipe(directory: Path) -> None:
+    for path in directory.rglob("*"):
+        if path.is_file():
+            path.unlink()
