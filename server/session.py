@@ -1,12 +1,11 @@
 """A document session: the connections of one document on this instance.
 
-It receives every durable event of its document from the backend and hands
-it to each connection's writer; it routes parsed client messages to the run
-coordinator; it publishes events, merging consecutive `message.delta`s of a
-message before they are logged (PROTOCOL.md section 3: one event live and on
-replay) while the stream is saturated: deltas arriving back to back (faster
-than the writers get to run), or a connection with a send pending. A delta
-after a quiet gap is logged at once, so an idle document is never held back.
+It receives every durable event of its document from the backend and hands it to
+each connection's writer; it routes parsed client messages to the run coordinator;
+it publishes events, merging consecutive `message.delta`s of a message before they
+are logged (PROTOCOL.md section 3: one event live and on replay) while the stream
+is saturated: deltas arriving back to back (faster than the writers get to run),
+or a connection with a send pending. A delta after a quiet gap is logged at once.
 """
 
 import asyncio
