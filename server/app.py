@@ -47,7 +47,8 @@ from server.limits import HandshakeGate
 from server.observability import Metrics, configure_logging
 from server.runner import MetricsServer, metrics_config
 from server.services import Services
-from server.session import DocumentSession, SessionHub
+from server.session import DocumentSession
+from server.session_hub import SessionHub
 from server.settings import Settings
 from server.tools.catalog import ToolCatalog
 from server.tools.factory import build_catalog

@@ -251,18 +251,22 @@ async def _leave(services: Services, session: DocumentSession, conn: Connection)
 
 class _WriterWatch:
     """The writer's done callback: it interrupts the connection's task, which
-    reads in the meantime (a close was requested, or the writer failed)."""
+    reads in the meantime (a close was requested, or the writer failed). Only
+    a read is interrupted: a message being handled is finished first (`busy`),
+    since a cancel inside a `run.start` freed the document under a run that had
+    started, which then streamed beside the next one, beyond anyone's cancel."""
 
-    __slots__ = ("fired", "task")
+    __slots__ = ("busy", "fired", "task")
 
     def __init__(self, task: "asyncio.Task[Any]") -> None:
         self.task: asyncio.Task[Any] | None = task
-        self.fired = False
+        self.fired = self.busy = False
 
     def __call__(self, _writer: "asyncio.Task[CloseRequest]") -> None:
         if self.task is not None:
             self.fired = True
-            self.task.cancel()
+            if not self.busy:
+                self.task.cancel()
 
 
 async def _live(ws: WebSocket, services: Services, conn: Connection,
@@ -296,8 +300,12 @@ async def _live(ws: WebSocket, services: Services, conn: Connection,
                 if isinstance(message, Closing):
                     await _wait_for_writer()
                 elif message is not None:
+                    watch.busy = True
                     await _dispatch(services, session, conn, message, expiry)
+                    watch.busy = False
                     del message
+                    if watch.fired:
+                        break
         except asyncio.CancelledError:
             if not watch.fired or task.uncancel():
                 raise  # cancelled from outside, not (only) by the writer's end

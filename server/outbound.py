@@ -151,7 +151,9 @@ class Outbound:
 
     @property
     def has_pending_send(self) -> bool:
-        return self._busy or bool(self._queue)
+        """Whether a send is under way or queued (a closing connection's never counts: it
+        held the document's coalesced text for as long as its close took)."""
+        return (self._busy or bool(self._queue)) and self.close_request is None
 
     @property
     def queued_bytes(self) -> int:

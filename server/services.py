@@ -7,7 +7,7 @@ from server.agent.remote import RunRouter
 from server.auth import Authenticator
 from server.backends.base import Backend
 from server.observability import Metrics
-from server.session import SessionHub
+from server.session_hub import SessionHub
 from server.settings import Settings
 
 

@@ -44,16 +44,21 @@ GROUP_RETRY_S = 3.0
 # paced stream (or a model's first token) is never held back.
 HOT_S = 0.0005
 HOT_SPINS = 64
+# Text held because a connection is backed up is logged after HOLD_MAX_S at the latest:
+# one client that stops reading (still under the slow-consumer bound) held every
+# other client's text until the message was done.
+HOLD_MAX_S = 0.05
 
 
 class _PendingDelta:
-    __slots__ = ("message_id", "parts", "run_id", "size")
+    __slots__ = ("message_id", "parts", "run_id", "since", "size")
 
     def __init__(self, run_id: str, message_id: str) -> None:
         self.run_id = run_id
         self.message_id = message_id
         self.parts: list[str] = []
         self.size = 0
+        self.since = time.monotonic()
 
 
 def _member(conn: Connection) -> str:
@@ -89,6 +94,7 @@ class DocumentSession:
         self._last_delta_at = 0.0
         self._publish_lock = asyncio.Lock()
         self._flush_tasks: set[asyncio.Task[None]] = set()
+        self._hold_timer: asyncio.TimerHandle | None = None
         # An in-process log's append as a plain call (`MemoryBackend.append_encoded`).
         self._append_encoded: Callable[[str, str, bytes], LoggedEvent] | None = \
             None if backend.remote else getattr(backend, "append_encoded", None)
@@ -104,6 +110,7 @@ class DocumentSession:
 
     async def detach(self, conn: Connection) -> None:
         self.connections.pop(conn.session_id, None)
+        self.on_writer_idle()  # text held for it goes to the others now
         self.runs.presence_changed()
         with contextlib.suppress(BackendUnavailable):
             await self.backend.set_presence(self.document_id, _member(conn), False)
@@ -311,7 +318,12 @@ class DocumentSession:
         while (pending := self._pending) is not None:
             full = pending.size >= COALESCE_MAX_CHARS
             if not full and self._backlogged():
-                return  # on_writer_idle() schedules the flush again
+                held = time.monotonic() - pending.since
+                if held < HOLD_MAX_S:  # on_writer_idle() schedules the flush again,
+                    if self._hold_timer is None:  # or this timer at the latest
+                        self._hold_timer = asyncio.get_running_loop().call_later(
+                            HOLD_MAX_S - held, self._hold_over)
+                    return
             if not full and not self.backend.remote and spins < HOT_SPINS:
                 size = pending.size
                 await asyncio.sleep(0)
@@ -336,6 +348,10 @@ class DocumentSession:
                     self._pending = pending
                 raise
 
+    def _hold_over(self) -> None:
+        self._hold_timer = None
+        self._schedule_flush()
+
     def on_writer_idle(self) -> None:
         if self._pending is not None and not self._backlogged():
             self._schedule_flush()
@@ -356,44 +372,3 @@ class DocumentSession:
             )
         elif self._pending is not None and not self._backlogged():
             self._schedule_flush()  # a delta arrived as the flusher was finishing
-
-
-class SessionHub:
-    """The document sessions of this instance, created on first use, forgotten once idle
-    and unused. Each `get` is a hold, given back by one `release`: a session is forgotten
-    only when nobody holds it. Without holds, a holder still setting up (a takeover
-    adopting a run, a connection joining: both await the backend before the session
-    looks busy) could see the session forgotten under it by another holder's release;
-    its run then lived in a session no message could reach."""
-
-    def __init__(self, factory: Callable[[str], DocumentSession]) -> None:
-        self._factory = factory
-        self.sessions: dict[str, DocumentSession] = {}
-        self._holds: dict[str, int] = {}
-
-    def get(self, document_id: str) -> DocumentSession:
-        session = self.sessions.get(document_id)
-        if session is None:
-            session = self.sessions[document_id] = self._factory(document_id)
-        self._holds[document_id] = self._holds.get(document_id, 0) + 1
-        return session
-
-    def release(self, session: DocumentSession) -> None:
-        """Give back one hold of `session` (from `get`)."""
-        document_id = session.document_id
-        if self.sessions.get(document_id) is not session:
-            return
-        holds = self._holds.get(document_id, 0) - 1
-        if holds > 0:
-            self._holds[document_id] = holds
-            return
-        self._holds.pop(document_id, None)
-        self.forget_if_idle(session)
-
-    def forget_if_idle(self, session: DocumentSession) -> None:
-        """Forget `session` if it is idle and nobody holds it (say, its run just ended)."""
-        document_id = session.document_id
-        if session.idle and not self._holds.get(document_id) and \
-                self.sessions.get(document_id) is session:
-            del self.sessions[document_id]
-            session.shutdown()

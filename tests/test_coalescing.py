@@ -4,7 +4,7 @@ stream to an idle connection; live and replayed streams are identical."""
 
 import time
 
-from tests.harness import RawClient, Server, joined, running_server, token
+from tests.harness import Client, RawClient, Server, joined, running_server, token
 from tests.runs import of_run, script, start
 
 TEXT = "".join(f"{i:04d} " for i in range(600))  # 3,000 characters
@@ -80,3 +80,32 @@ async def test_backed_up_connection_makes_deltas_merge_without_loss() -> None:
         async with joined(srv, client_id="late", resume=resume) as (late, back):
             replayed = [await late.recv() for _ in range(back["replayed"])]
         assert of_run(replayed, ack["run_id"]) == of_run(client.events, ack["run_id"])
+
+
+async def _stalled(srv: Server, client: Client) -> RawClient:
+    """A second connection that has stopped reading, a send to it pending but below the
+    slow-consumer bound: two runs of 900,000 characters it does not take."""
+    stuck = await RawClient.connect(srv.settings.port, "/v1/documents/doc-1/ws")
+    stuck.send({"type": "hello", "protocol": 1, "client_id": "stuck", "token": token("sam")})
+    for _ in range(2):
+        await start(client, script({"say": "y" * 900_000}, chunk_chars=4000))
+        await client.recv_until("run.finished", timeout=30)
+    outbounds = [c.outbound for c in srv.services.hub.sessions["doc-1"].connections.values()]
+    assert len(outbounds) == 2 and all(o.close_request is None for o in outbounds)
+    assert any(o.has_pending_send for o in outbounds)  # the stalled one, still connected
+    return stuck
+
+
+async def test_a_stalled_connection_holds_no_one_elses_text_for_long() -> None:
+    """Text merged while a connection is backed up is logged within `HOLD_MAX_S` (50 ms)
+    anyway: one tab that stopped reading held every other tab's text until the
+    message was done (a paced 2 s stream arrived as one delta at the end)."""
+    async with running_server(rate_messages_per_s=0) as srv, joined(srv) as (client, _):
+        stuck = await _stalled(srv, client)
+        ack = await start(client, script({"say": TEXT[:400]}, chunk_chars=4, delay_ms=20))
+        await client.recv_until(lambda e: e.get("type") == "message.done" and
+                                e.get("run_id") == ack["run_id"], timeout=10)
+        deltas = of_run(client.events, ack["run_id"], "message.delta")
+        assert "".join(d["delta"] for d in deltas) == TEXT[:400]
+        assert len(deltas) >= 10  # was 1 or 2: all of it at the end
+        stuck.close()

@@ -36,7 +36,7 @@ from server.agent.work import now_ms
 from server.backends.base import Backend, BackendUnavailable, cancel_requested
 from server.connection import Peer, error_event
 from server.observability import Metrics
-from server.session import SessionHub
+from server.session_hub import SessionHub
 
 logger = logging.getLogger("cowrite.remote")
 TAKEOVER_SLACK_S = 2.0  # a lapsed lease is taken over within a janitor tick of lapsing
