@@ -11,6 +11,8 @@ import { documentIdProblem, readSettings, suggestDocumentId } from "./rules.js";
 import { ScopeTracker, scopeSegments, updateQueue } from "./runview.js";
 import { SCENARIOS, availableScenarios, judge } from "./scenarios.js";
 import { openSettings, reloadWith, setupSettingsDialog } from "./settings.js";
+import { claimTabId } from "./tabid.js";
+import { TokenCache, keepTokenFresh } from "./tokens.js";
 import { Transcript } from "./transcript.js";
 
 const $ = (id) => /** @type {any} */ (document.getElementById(id));
@@ -20,13 +22,8 @@ const randomName = (prefix, n) => `${prefix}${Math.random().toString(36).slice(2
 const params = new URLSearchParams(location.search);
 const settings = readSettings(params, localStorage, () => randomName("user-", 5));
 localStorage.setItem("cowrite.user", settings.user);
-let clientId = sessionStorage.getItem("cowrite.clientId");
-if (!clientId) {
-  clientId = randomName("tab-", 8);
-  sessionStorage.setItem("cowrite.clientId", clientId);
-}
 $("doc-name").textContent = settings.doc;
-$("who").textContent = `${settings.user} (${settings.role}) · ${clientId}`;
+$("who").textContent = `${settings.user} (${settings.role})`;
 setupSettingsDialog(settings);
 
 /** A message above the page with optional action buttons; null hides it. */
@@ -56,13 +53,16 @@ if (problem) {
   $("scenarios").hidden = true;
   $("workflows").hidden = true;
 } else {
-  start();
+  // The client id is kept per tab (sessionStorage); a duplicated tab takes a new one.
+  claimTabId({ storage: sessionStorage, makeId: () => randomName("tab-", 8) }).then(start);
 }
 
-function start() {
-  let token = null;
-  async function getToken() {
-    if (token) return token;
+function start(clientId) {
+  $("who").textContent = `${settings.user} (${settings.role}) · ${clientId}`;
+  // A token is reused while it has more than 30 s to live, forgotten when the server
+  // refuses it (4001: expired, or signed by a server since restarted with a new dev
+  // secret), and replaced on the open connection (auth.refresh) before it expires.
+  const tokens = new TokenCache({ fetchToken: async () => {
     const response = await fetch("/v1/dev/token", {
       method: "POST", headers: { "content-type": "application/json" },
       body: JSON.stringify({ user: settings.user, docs: ["*"], role: settings.role }),
@@ -74,14 +74,15 @@ function start() {
         "(make run sets it), opened from this machine.");
       throw new Error(`no dev token (HTTP ${response.status}); is COWRITE_DEV=1?`);
     }
-    token = (await response.json()).token;
-    return token;
-  }
+    return (await response.json()).token;
+  } });
+  const getToken = () => tokens.get();
 
   const client = new CowriteClient({
     baseUrl: `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}`,
     documentId: settings.doc, getToken, clientId,
   });
+  keepTokenFresh(client, tokens);
   const inspector = new Inspector();
   const send = client.send.bind(client); // record what this tab sends, for the inspector
   client.send = (message, expectReply = false) => {
@@ -92,6 +93,9 @@ function start() {
   const viewer = settings.role === "viewer";
   let activeRun = null; // {run_id, user_id, client_id, status?}
   const transcript = new Transcript(client);
+  const mine = (run) => Boolean(run) && run.user_id === client.welcome?.user_id;
+  transcript.mayAnswer = (request) => activeRun?.run_id === request.run_id && mine(activeRun);
+  transcript.answer = (request) => openApproval(request);
   const threads = new ThreadSwitcher({ documentId: settings.doc, getToken, onSwitch: () => loadHistory() });
   transcript.thread = () => threads.current;
   const workflows = new WorkflowMenu({ getToken, disabled: viewer, onLoad: () => renderScenarios() });
@@ -170,58 +174,77 @@ function start() {
   client.addEventListener("run.started", ({ detail }) => setRunning(detail));
   client.addEventListener("run.finished", ({ detail }) => {
     threads.refresh(); // its thread's run count (a new thread's first run makes it known)
-    if ($("approval").open) $("approval").close();
+    if ($("approval").dataset.run === detail.run_id) closeApproval();
     scope.finish(detail.run_id);
     renderScope();
-    if (activeRun && activeRun.run_id !== detail.run_id) return; // a queued run was cancelled
-    setRunning(null);
     const scenario = scenarioRuns.get(detail.run_id);
+    scenarioRuns.delete(detail.run_id);
     if (scenario) {
       const verdict = judge(scenario, detail);
       showScenario(`${scenario.title}: ${verdict.text}`, verdict.ok ? "ok" : "bad");
     }
+    if (activeRun && activeRun.run_id !== detail.run_id) return; // a queued run was cancelled
+    setRunning(null);
   });
   client.addEventListener("approval.requested", ({ detail }) => {
-    if (activeRun && activeRun.user_id === client.welcome?.user_id) openApproval(detail);
+    if (activeRun?.run_id === detail.run_id && mine(activeRun)) openApproval(detail);
   });
-  client.addEventListener("approval.resolved", ({ detail }) => {
-    if ($("approval").dataset.call === detail.call_id && $("approval").open) $("approval").close();
-  });
+  for (const type of ["approval.resolved", "tool.done"]) { // answered elsewhere, or timed out
+    client.addEventListener(type, ({ detail }) => {
+      if ($("approval").dataset.call === detail.call_id) closeApproval();
+    });
+  }
 
   /**
-   * The transcript from the history of the thread shown. A run active meanwhile whose
-   * prompt is not in that history belongs to another thread (its snapshot does not say
-   * which), so its events fold.
+   * The transcript from the history of the thread shown; events that arrive meanwhile
+   * are drawn after it (transcript.js). A run active meanwhile whose prompt is not in
+   * that history belongs to another thread (its snapshot does not say which), so its
+   * events fold. `fresh`: after a welcome that did not resume.
    */
-  async function loadHistory(activeRunId = activeRun?.run_id) {
-    try {
+  function loadHistory(activeRunId = activeRun?.run_id, fresh = false) {
+    return transcript.load(async () => {
       const response = await fetch(`/v1/documents/${encodeURIComponent(settings.doc)}/history` +
         threads.historyQuery(), { headers: { authorization: `Bearer ${await getToken()}` } });
       if (!response.ok) throw new Error(`HTTP ${response.status}`);
-      const messages = (await response.json()).messages ?? [];
-      transcript.rebuild(messages);
-      if (activeRunId && client.supports("threads") && !messages.some((m) => m.run_id === activeRunId)) {
-        transcript.runThreads.markOther(activeRunId);
-      }
-    } catch (error) {
-      transcript.notice(`could not load the history: ${error.message ?? error}`, true);
-    }
+      return (await response.json()).messages ?? [];
+    }, { activeRunId, fresh, threads: client.supports("threads") });
   }
 
-  client.addEventListener("welcome", async ({ detail }) => {
+  /** A welcome that did not resume: what this tab showed of runs other than the active one is stale. */
+  function forgetLostRuns(welcome) {
+    const active = welcome.active_run ?? null;
+    const dialog = $("approval");
+    const stillAsked = (active?.pending ?? []).some((item) => item.call_id === dialog.dataset.call);
+    if (!stillAsked) closeApproval();
+    if (scope.runId && scope.runId !== active?.run_id) { scope.finish(scope.runId); renderScope(); }
+    for (const [runId, scenario] of scenarioRuns) {
+      if (runId === active?.run_id) continue;
+      scenarioRuns.delete(runId);
+      if (welcome.resume_failed) {
+        showScenario(`${scenario.title}: its end was not seen (the resume failed: ` +
+          `${welcome.resume_failed}); run it again.`, "bad");
+      }
+    }
+    transcript.forgetLostRuns(active);
+  }
+
+  client.addEventListener("welcome", ({ detail }) => {
     threads.enable(client.supports("threads"));
     workflows.enable(client.supports("workflows"));
     renderScenarios();
     $("scoped").disabled = viewer || !client.supports("edit_scope");
     if ($("scoped").disabled) $("scoped").checked = false;
     if (detail.resumed) return;
-    await loadHistory(detail.active_run?.run_id);
+    // At once, not after the history: events that come meanwhile (run.finished,
+    // approval.requested) act on the run as it is now.
     setRunning(detail.active_run ?? null);
+    forgetLostRuns(detail);
     for (const item of detail.active_run?.pending ?? []) {
-      if (item.kind === "approval" && detail.active_run.user_id === detail.user_id) {
+      if (item.kind === "approval" && mine(detail.active_run)) {
         openApproval({ ...item, run_id: detail.active_run.run_id });
       }
     }
+    loadHistory(detail.active_run?.run_id, true);
   });
 
   client.addEventListener("state", ({ detail }) => {
@@ -252,7 +275,7 @@ function start() {
     const runId = randomName("run_", 12);
     if (scenario) scenarioRuns.set(runId, scenario);
     editor.flush("before a run"); // a late report of earlier typing would abort the new run
-    transcript.startTiming();
+    transcript.startTiming(runId);
     const run = { runId, mode: "agent", threadId: threads.runThread(), ...request,
                   context: request.context ?? { document: { text: editor.text, version: editor.version } } };
     const ranges = run.scope ?? run.context.scope;
@@ -263,7 +286,8 @@ function start() {
       if (ack.status === "queued") { scope.finish(runId); renderScope(); }
       return true;
     } catch (error) {
-      transcript.notice(`could not start: ${error.message}`, true);
+      transcript.notice(error.code === "too_large"
+        ? `document too large for a run: ${error.message}` : `could not start: ${error.message}`, true);
       transcript.stopTiming();
       scenarioRuns.delete(runId);
       scope.finish(runId);
@@ -298,6 +322,10 @@ function start() {
     }
   });
 
+  function closeApproval() {
+    if ($("approval").open) $("approval").close();
+  }
+
   function openApproval(request) {
     const dialog = $("approval");
     dialog.dataset.call = request.call_id;
@@ -307,6 +335,9 @@ function start() {
     $("approval-error").textContent = "";
     if (!dialog.open) dialog.showModal();
   }
+
+  // Escape would close the dialog unanswered; its call's "Answer…" in the tool log reopens it.
+  $("approval").addEventListener("cancel", (event) => event.preventDefault());
 
   $("approval").addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -362,6 +393,6 @@ function start() {
     }));
   }
 
-  window.cowrite = { client, editor, inspector, scope, threads, workflows };
+  window.cowrite = { client, editor, inspector, scope, threads, workflows, tokens };
   client.connect();
 }

@@ -86,6 +86,14 @@ export interface BackoffOptions {
 /** Exponential backoff with full jitter: a delay in [0, min(maxMs, baseMs * 2^attempt)]. */
 export declare function backoffDelay(attempt: number, options?: BackoffOptions): number;
 
+/**
+ * The Error (`code: "too_large"`) for a frame larger than `limit` bytes in UTF-8,
+ * or null when it fits or there is no limit; `send` checks every frame with it
+ * against `welcome.limits.max_message_bytes`.
+ */
+export declare function frameTooLarge(text: string, limit: number | undefined):
+  (Error & { code: "too_large"; size: number; limit: number }) | null;
+
 /** A range `[from, to)` of the document in JavaScript string units (`0 <= from <= to`). */
 export interface ScopeRange {
   from: number;
@@ -285,9 +293,10 @@ export interface EditorChangeOptions {
 /**
  * How the promises of `send(..., true)` and the run helpers reject: with the
  * server's `error` event in `event`, or without it when the connection was not
- * open or closed before the answer.
+ * open or closed before the answer, or with `code` "too_large" (nothing sent) for a
+ * frame over `welcome.limits.max_message_bytes`, or "unsupported".
  */
-export type CowriteRequestError = Error & { event?: ErrorEvent };
+export type CowriteRequestError = Error & { event?: ErrorEvent; code?: string };
 
 export declare class CowriteClient extends EventTarget {
   constructor(options: CowriteClientOptions);
@@ -319,7 +328,10 @@ export declare class CowriteClient extends EventTarget {
    * an `id` is added when the message has none.
    */
   send(message: ClientMessage, expectReply: true): Promise<AckEvent>;
-  /** Send without waiting; dropped silently when the connection is not open. */
+  /**
+   * Send without waiting; dropped silently when the connection is not open. Throws
+   * (code "too_large", nothing sent) for a frame over `welcome.limits.max_message_bytes`.
+   */
   send(message: ClientMessage, expectReply?: false): undefined;
   send(message: ClientMessage, expectReply: boolean): Promise<AckEvent> | undefined;
 

@@ -40,6 +40,13 @@
 // Threads and workflows (1.1, section 14): `startRun({threadId, workflow})` sends
 // `thread_id` / `workflow`, refused locally the same way when the server does not
 // list `threads` / `workflows`.
+//
+// Size. The server answers a frame larger than `welcome.limits.max_message_bytes`
+// with `too_large` and closes 1009, which stops the client for good. So `send`
+// measures each frame (UTF-8) first and refuses a larger one locally with an Error
+// whose `code` is "too_large" (a rejected promise, or thrown without `expectReply`);
+// nothing is sent and the connection stays open. A tool result that large is sent
+// as a `too_large` tool error instead.
 
 /**
  * @typedef {{name: string, description?: string, parameters?: object, requires_approval?: boolean}} ToolSpec
@@ -65,6 +72,21 @@ export { applyChanges, changeOverlaps, diffChange, isStaleCall, shiftRange } fro
 
 /** Edits kept for the stale-call rule while runs are active; the older half goes past this. */
 const MAX_EDITS = 2000;
+
+const encoder = new TextEncoder();
+
+/**
+ * The Error for a frame over `limit` bytes (UTF-8), or null when it fits (or no limit).
+ * @param {string} text the frame
+ * @param {number|undefined} limit welcome.limits.max_message_bytes
+ */
+export function frameTooLarge(text, limit) {
+  if (typeof limit !== "number" || text.length * 3 <= limit) return null; // a UTF-16 unit is <= 3 bytes
+  const size = encoder.encode(text).length;
+  if (size <= limit) return null;
+  return Object.assign(new Error(`the message is ${size} bytes; the server takes at most ` +
+    `${limit} (welcome.limits.max_message_bytes)`), { code: "too_large", size, limit });
+}
 
 /** Close codes of PROTOCOL.md section 7. */
 export const CLOSE = Object.freeze({
@@ -221,13 +243,17 @@ export class CowriteClient extends EventTarget {
     if (!this.ws || this.ws.readyState !== 1) {
       return expectReply ? Promise.reject(new Error("not connected")) : undefined;
     }
+    const id = expectReply ? message.id ?? `m${++this.counter}` : undefined;
+    const text = JSON.stringify(expectReply ? { ...message, id } : message);
+    const tooLarge = frameTooLarge(text, this.welcome?.limits?.max_message_bytes);
+    if (tooLarge && expectReply) return Promise.reject(tooLarge);
+    if (tooLarge) throw tooLarge; // sent, it would close the connection for good (1009)
     if (!expectReply) {
-      this.ws.send(JSON.stringify(message));
+      this.ws.send(text);
       return undefined;
     }
-    const id = message.id ?? `m${++this.counter}`;
     const promise = new Promise((resolve, reject) => this.waiting.set(id, { resolve, reject }));
-    this.ws.send(JSON.stringify({ ...message, id }));
+    this.ws.send(text);
     return promise;
   }
 
@@ -332,6 +358,20 @@ export class CowriteClient extends EventTarget {
     }
   }
 
+  /** A welcome that did not resume: runs other than `active` are gone, with their calls. */
+  #forgetLostRuns(active) {
+    const pending = new Set((active?.pending ?? []).map((item) => item.call_id));
+    for (const runId of this.runScopes.keys()) {
+      if (runId !== active?.run_id) this.runScopes.delete(runId);
+    }
+    for (const callId of this.results.keys()) if (!pending.has(callId)) this.results.delete(callId);
+    for (const callId of this.executing) if (!pending.has(callId)) this.executing.delete(callId);
+    if (this.runScopes.size === 0) {
+      this.edits = [];
+      this.editsFloor = null;
+    }
+  }
+
   #setState(state, detail = {}) {
     this.state = state;
     this.dispatchEvent(new CustomEvent("state", { detail: { state, ...detail } }));
@@ -392,6 +432,7 @@ export class CowriteClient extends EventTarget {
       this.welcomed = true;
       this.welcome = event;
       this.seq.onWelcome(event);
+      if (!event.resumed) this.#forgetLostRuns(event.active_run);
       this.#setState("open", { resumed: event.resumed, resumeFailed: event.resume_failed });
       this.#emit(event);
       this.#resumeToolCalls(event.active_run);
@@ -406,7 +447,10 @@ export class CowriteClient extends EventTarget {
         else waiter.reject(Object.assign(new Error(event.message), { event }));
       }
     }
-    if (event.type === "tool.done") this.results.delete(event.call_id);
+    if (event.type === "tool.done") {
+      this.results.delete(event.call_id);
+      this.executing.delete(event.call_id); // done: never called again
+    }
     if (event.type === "error" && event.code === "unavailable") this.#retryResult(event);
     this.#trackRun(event);
     this.#emit(event);
@@ -463,6 +507,11 @@ export class CowriteClient extends EventTarget {
       result.output = (await tool.handler(call.arguments, call)) ?? null;
     } catch (error) {
       result.error = { message: String(error?.message ?? error), code: error?.code };
+    }
+    if (frameTooLarge(JSON.stringify(result), this.welcome?.limits?.max_message_bytes)) {
+      delete result.output;
+      result.error = { code: "too_large", message: "the tool's result is larger than the " +
+        `server takes (${this.welcome?.limits?.max_message_bytes} bytes)` };
     }
     this.results.set(call.call_id, result);
     this.dispatchEvent(new CustomEvent("tool.executed", {

@@ -8,6 +8,7 @@ import { bytes, clock, makeRecord, matches, shortRun, summarizeRuns } from "./ev
 
 const KEEP = 5000; // records kept; older ones are dropped (the server's log has them all)
 const SHOWN = 1500; // table rows kept in the DOM
+const RUNS_SHOWN = 100; // rows of the run summary (the newest runs)
 
 const $ = (id) => /** @type {HTMLElement} */ (document.getElementById(id));
 const cell = (text, className) =>
@@ -23,6 +24,8 @@ export class Inspector {
     this.lastShownAt = null;
     this.types = new Set();
     this.runs = new Set();
+    /** @type {Map<string, number>} run_id -> records kept: a run's filter option goes with its last */
+    this.perRun = new Map();
     this.summaryQueued = false;
     this.body = $("ins-rows");
     this.wrap = $("ins-wrap");
@@ -54,7 +57,8 @@ export class Inspector {
   add(event, dir, replayed = false) {
     const record = makeRecord(event, { n: ++this.counter, dir, replayed });
     this.records.push(record);
-    if (this.records.length > KEEP) this.records.splice(0, this.records.length - KEEP);
+    if (record.run) this.perRun.set(record.run, (this.perRun.get(record.run) ?? 0) + 1);
+    if (this.records.length > KEEP) this.#forget(this.records.splice(0, this.records.length - KEEP));
     this.#option("ins-type", this.types, record.type, record.type);
     if (record.run) this.#option("ins-run", this.runs, record.run, shortRun(record.run));
     if (record.run) this.#queueSummary();
@@ -78,6 +82,7 @@ export class Inspector {
   }
 
   clear() {
+    this.#forget(this.records);
     this.records = [];
     this.selected = null;
     $("ins-json").textContent = "";
@@ -164,6 +169,21 @@ export class Inspector {
     select.append(Object.assign(document.createElement("option"), { value, textContent: label }));
   }
 
+  /** Records dropped: a run none of whose records is left leaves the run filter. */
+  #forget(dropped) {
+    for (const { run } of dropped) {
+      if (!run) continue;
+      const left = (this.perRun.get(run) ?? 1) - 1;
+      if (left > 0) { this.perRun.set(run, left); continue; }
+      this.perRun.delete(run);
+      this.runs.delete(run);
+      const select = /** @type {HTMLSelectElement} */ ($("ins-run"));
+      const option = [...select.options].find((o) => o.value === run);
+      if (option && select.value !== run) option.remove();
+      else if (option) this.runs.add(run); // the filter shows it: keep it while chosen
+    }
+  }
+
   #queueSummary() {
     if (this.summaryQueued) return;
     this.summaryQueued = true;
@@ -174,7 +194,7 @@ export class Inspector {
     const body = $("run-rows");
     body.textContent = "";
     const ms = (x) => (x === null ? "–" : `${Math.round(x)} ms`);
-    for (const run of summarizeRuns(this.records).reverse()) {
+    for (const run of summarizeRuns(this.records).reverse().slice(0, RUNS_SHOWN)) {
       const row = document.createElement("tr");
       row.dataset.run = run.run_id;
       const tools = run.tools.calls === 0 ? "–"

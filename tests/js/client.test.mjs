@@ -3,7 +3,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  CLOSE, CowriteClient, SeqTracker, backoffDelay, closeAction, upgradeRefused,
+  CLOSE, CowriteClient, SeqTracker, backoffDelay, closeAction, frameTooLarge, upgradeRefused,
 } from "../../static/client.js";
 
 test("close codes decide whether to reconnect", () => {
@@ -269,4 +269,61 @@ test("startRun sends thread_id and workflow only to a server that lists threads 
   client.startRun({ prompt: "p", workflow: "proofread" });
   assert.equal(ws.sent.at(-1).workflow, "proofread");
   assert.equal("thread_id" in ws.sent.at(-1), false, "no threadId: the server's default thread");
+});
+
+test("a frame over welcome.limits.max_message_bytes is refused locally, in UTF-8 bytes", async () => {
+  assert.equal(frameTooLarge("x".repeat(100), undefined), null, "no limit: no check");
+  assert.equal(frameTooLarge("é".repeat(50), 100), null, "100 bytes fit in 100");
+  assert.equal(frameTooLarge("é".repeat(51), 100).code, "too_large");
+  assert.equal(frameTooLarge("é".repeat(51), 100).size, 102);
+  const { client } = makeClient();
+  client.registerTool({ name: "read_document" }, () => ({ text: "y".repeat(5000) }));
+  client.connect();
+  await tick();
+  const ws = FakeSocket.all[0];
+  ws.serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: false,
+                  limits: { max_message_bytes: 2048 } });
+  const big = { document: { text: "y".repeat(3000), version: 1 } };
+  await assert.rejects(client.startRun({ prompt: "hi", context: big }),
+    (error) => error.code === "too_large" && /at most 2048/.test(error.message));
+  assert.equal(ws.sent.filter((m) => m.type === "run.start").length, 0, "nothing sent");
+  assert.equal(client.runScopes.size, 0);
+  assert.throws(() => client.send({ type: "editor.change", summary: "y".repeat(3000) }), /at most 2048/);
+  client.startRun({ prompt: "hi", context: { document: { text: "small", version: 1 } } });
+  assert.equal(ws.sent.filter((m) => m.type === "run.start").length, 1);
+  // A tool result that large would close the connection: the model gets a tool error instead.
+  ws.serverSend({ type: "tool.call", seq: 1, run_id: "r", call_id: "c1", name: "read_document",
+                  arguments: {}, executor: "client", client_id: "tab-1", token: "T" });
+  await tick();
+  const result = ws.sent.find((m) => m.type === "tool.result");
+  assert.equal(result.output, undefined);
+  assert.equal(result.error.code, "too_large");
+  assert.equal(client.state, "open");
+});
+
+test("a welcome that did not resume forgets the lost runs; tool.done forgets its call", async () => {
+  const { client } = makeClient();
+  client.registerTool({ name: "read_document" }, () => ({ text: "hello" }));
+  client.connect();
+  await tick();
+  const ws = FakeSocket.all[0];
+  ws.serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: false });
+  client.startRun({ prompt: "a", runId: "lost", context: { document: { text: "t", version: 1 } } });
+  client.editorChange({ documentVersion: 2, changes: [] });
+  const call = { type: "tool.call", run_id: "lost", name: "read_document", arguments: {},
+                 executor: "client", client_id: "tab-1", token: "T" };
+  ws.serverSend({ ...call, seq: 1, call_id: "c1" });
+  ws.serverSend({ ...call, seq: 2, call_id: "c2" });
+  await tick();
+  ws.serverSend({ type: "tool.done", seq: 3, run_id: "lost", call_id: "c1", status: "ok" });
+  assert.deepEqual([...client.executing], ["c2"], "c1 is done");
+  assert.deepEqual([...client.results.keys()], ["c2"]);
+  assert.equal(client.edits.length, 1);
+  // The server restarted (memory backend): the resume fails, another run is active.
+  ws.serverSend({ type: "welcome", epoch: "F", last_seq: 0, resumed: false, resume_failed: "epoch_changed",
+                  active_run: { run_id: "other", client_id: "tab-2", pending: [] } });
+  assert.deepEqual([...client.runScopes.keys()], []);
+  assert.deepEqual([...client.results.keys()], []);
+  assert.deepEqual([...client.executing], []);
+  assert.deepEqual(client.edits, []);
 });
