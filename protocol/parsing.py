@@ -107,12 +107,12 @@ def validate_message(data: dict[str, Any]) -> ClientMessage | ParseFailure:
             peek_reply_to(data)
         )
     try:
-        message: ClientMessage = validator.validate_python(data)
+        message: ClientMessage = validator.validate_python(data, strict=True)
         return message
     except ValidationError:
         pass
     try:
-        return CLIENT_MESSAGE_ADAPTER.validate_python(data)
+        return CLIENT_MESSAGE_ADAPTER.validate_python(data, strict=True)
     except ValidationError as exc:
         details = [
             {"loc": list(err["loc"])[1:], "msg": err["msg"]} for err in exc.errors()[:10]

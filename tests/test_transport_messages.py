@@ -7,7 +7,7 @@ import os
 import random
 from typing import Any
 
-from tests.harness import Client, RawClient, Server, joined, running_server, token
+from tests.harness import Client, RawClient, Server, joined, running_server, token, ws_client
 
 
 async def change(client: Client, n: int) -> None:
@@ -58,6 +58,35 @@ async def test_schema_errors_say_where(server: Server) -> None:
         error = await client.recv_until("error")
         assert error["details"][0]["loc"] == ["prompt"]
         assert "prompt" in error["message"]
+
+
+async def test_values_of_the_wrong_json_type_are_refused_not_coerced(server: Server) -> None:
+    """Strict types: a number sent as a string, a boolean sent as a string or a number,
+    an integer sent as a float are `invalid_message` (they were coerced: "2" resumed
+    after seq 2, a tool's `requires_approval: "no"` turned approval off)."""
+    async with joined(server) as (client, _):
+        tool = {"name": "t", "parameters": {"type": "object"}}
+        cases = [
+            {"type": "run.start", "id": "b1", "prompt": "p",
+             "tools": [{**tool, "requires_approval": "no"}]},
+            {"type": "run.start", "id": "b2", "prompt": "p",
+             "tools": [{**tool, "requires_approval": 0}]},
+            {"type": "editor.change", "id": "b3",
+             "changes": [{"from": "1", "to": 2, "insert": 0}]},
+            {"type": "editor.change", "id": "b4",
+             "changes": [{"from": 1.0, "to": 2, "insert": 0}]},
+        ]
+        for frame in cases:
+            await client.send(frame)
+            error = await client.recv_until("error")
+            assert (error["code"], error["reply_to"]) == ("invalid_message", frame["id"]), error
+    for after_seq in ("0", True, 0.0):
+        async with ws_client(server.ws_url()) as late:
+            await late.send({"type": "hello", "protocol": 1, "client_id": "c", "token": token(),
+                             "resume": {"epoch": "e", "after_seq": after_seq}})
+            refused = await late.recv()
+            assert refused["code"] == "invalid_message", (after_seq, refused)
+            assert refused["details"][0]["loc"] == ["resume", "after_seq"]
 
 
 async def test_frame_over_the_limit_is_too_large_then_1009() -> None:
