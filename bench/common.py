@@ -81,12 +81,14 @@ def server_env(port: int, **env: str) -> dict[str, str]:
 @contextlib.asynccontextmanager
 async def server_process(kind: str, **env: str) -> AsyncIterator[Proc]:
     """`kind` is "cowrite" (python -m server), "bare" (bench.bare_server), "sse"
-    (bench.sse_server), "upstream" (bench.upstream) or "phases" (the server with
-    bench.phases' timestamps; it needs `PHASES_OUT` in `env`)."""
+    (bench.sse_server), "upstream" (bench.upstream), "phases" (the server with
+    bench.phases' timestamps; it needs `PHASES_OUT` in `env`) or "skewed" (cowrite
+    with its wall clock `SKEW_S` seconds off, tests/skewed_server.py)."""
     port = free_port()
     environment = server_env(port, **env)
     module = {"cowrite": "server", "bare": "bench.bare_server", "sse": "bench.sse_server",
-              "upstream": "bench.upstream", "phases": "bench.phases"}[kind]
+              "upstream": "bench.upstream", "phases": "bench.phases",
+              "skewed": "tests.skewed_server"}[kind]
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", module, env=environment,
         stdout=subprocess.DEVNULL,

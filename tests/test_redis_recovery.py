@@ -11,9 +11,9 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from bench.common import Proc
+from bench.common import Proc, server_process
 from tests.cluster_support import FAST_LEASE, cluster, instance, join, start_run
-from tests.harness import Client
+from tests.harness import SECRET, Client
 from tests.redis_support import RedisProcess, redis_process
 from tests.runs import call, script
 
@@ -118,3 +118,22 @@ def _wipe(directory: Path) -> None:
     for path in directory.rglob("*"):
         if path.is_file():
             path.unlink()
+
+
+async def test_an_instance_whose_clock_runs_ahead_takes_no_healthy_run_over() -> None:
+    """Leases are stamped with Redis's clock: an instance 5 s ahead (lease 2 s) saw
+    another's live runs as lapsed and took them over (`run.resumed`: owner_lost)."""
+    lease = {"COWRITE_RUN_LEASE_S": "2"}
+    async with redis_process() as redis, instance(redis, lease) as one, \
+            server_process("skewed", COWRITE_REDIS_URL=redis.url, COWRITE_JWT_SECRET=SECRET,
+                           SKEW_S="5", **lease):
+        async with join(one, client_id="x") as (x, _):
+            await start_run(x, script({"tool_calls": [call("read_document")]}, {"say": "ok"}),
+                            "healthy")
+            tool_call = await x.recv_until("tool.call", timeout=10)
+            await asyncio.sleep(4)  # two leases: the ahead instance's janitor looked 8 times
+            acked = await answer(x, tool_call, "result")
+            assert acked["type"] == "ack" and acked["status"] == "accepted", acked
+            finished = await x.recv_until("run.finished", timeout=10)
+            assert finished["status"] == "completed"
+            assert not [e for e in x.events if e.get("type") == "run.resumed"]

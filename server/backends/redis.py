@@ -21,7 +21,6 @@ reconnects by itself and re-reads what it missed.
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable
@@ -42,6 +41,7 @@ from server.backends.base import (
     cancel_requested,
     encode_event_body,
 )
+from server.backends.redis_clock import RedisClock
 from server.backends.redis_fanout import RedisFanOut, channel_of
 from server.backends.redis_instances import RedisInstances
 from server.backends.redis_queue import RedisRunQueue
@@ -82,10 +82,6 @@ def _run_keys(document_id: str) -> list[str]:
             f"cw:{{{document_id}}}:run-parts"]
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
     remote = True
 
@@ -114,10 +110,13 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
         self._pubsub: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._live_connections: dict[str, str] = {}  # connection id -> user id
+        self._clock = RedisClock()  # what every score and "now" is stamped with
         self.reconnects = 0
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
+        with contextlib.suppress(RedisError, OSError):  # else at the first heartbeat
+            await self._clock.sync(self._redis)
         self._tasks = [asyncio.create_task(self._pubsub_loop()),
                        asyncio.create_task(self._renew_loop())]
 
@@ -149,7 +148,7 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
         event_type = str(event["type"])
         epoch, seq, frame = await self._call(self._append(
             keys=_keys(document_id),
-            args=[uuid.uuid4().hex, body, _now_ms(), self._log_max_events, event_type,
+            args=[uuid.uuid4().hex, body, self._clock.now_ms(), self._log_max_events, event_type,
                   channel_of(document_id)],
         ))
         logged = LoggedEvent(int(seq), event_type, frame)
@@ -201,7 +200,7 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
     async def put_run_record(self, document_id: str, run_id: str, record: dict[str, Any]) -> None:
         await self._call(self._put_run_record(
             keys=[f"cw:{{{document_id}}}:runs", f"cw:{{{document_id}}}:run-order"],
-            args=[run_id, orjson.dumps(record).decode(), RUN_RECORD_TTL_S, _now_ms(),
+            args=[run_id, orjson.dumps(record).decode(), RUN_RECORD_TTL_S, self._clock.now_ms(),
                   RUN_RECORDS_MAX]))
 
     async def get_run_record(self, document_id: str, run_id: str) -> dict[str, Any] | None:
@@ -215,7 +214,7 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
 
     # -- shared limits -----------------------------------------------------------
     async def acquire_connection(self, user_id: str, connection_id: str, limit: int) -> bool:
-        now = _now_ms()
+        now = self._clock.now_ms()
         granted = await self._call(self._connection(
             keys=[f"cw:conns:{{{user_id}}}"],
             args=[now, now + int(CONNECTION_TTL_S * 1000), limit, connection_id]))
@@ -231,7 +230,7 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
         """Keep this instance's connection slots alive; a dead instance's expire."""
         while not cancel_requested():
             await asyncio.sleep(RENEW_EVERY_S)
-            expires = _now_ms() + int(CONNECTION_TTL_S * 1000)
+            expires = self._clock.now_ms() + int(CONNECTION_TTL_S * 1000)
             with contextlib.suppress(RedisError, OSError):
                 pipe = self._redis.pipeline(transaction=False)
                 for connection_id, user_id in list(self._live_connections.items()):
@@ -249,7 +248,7 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
             return 0
         wait = await self._call(self._run_slot(
             keys=[f"cw:runs-per-min:{{{user_id}}}"],
-            args=[_now_ms(), per_minute, uuid.uuid4().hex]))
+            args=[self._clock.now_ms(), per_minute, uuid.uuid4().hex]))
         return max(0, int(float(wait)))
 
     # -- run ownership across instances ---------------------------------------
@@ -257,15 +256,16 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
                         ) -> dict[str, Any] | None:
         active = await self._call(self._claim_run(
             keys=_run_keys(document_id),
-            args=[orjson.dumps(record).decode(), _now_ms() + int(lease_s * 1000), document_id,
-                  record["owner"]]))
+            args=[orjson.dumps(record).decode(), self._clock.now_ms() + int(lease_s * 1000),
+                  document_id, record["owner"]]))
         return None if not active else dict(orjson.loads(active))
 
     async def renew_run(self, document_id: str, record: dict[str, Any], lease_s: float,
                         parts: RunParts | None = None) -> bool:
         """The record, and the checkpoint parts it counts, in one step (`RENEW_RUN_LUA`)."""
-        args = [orjson.dumps(record).decode(), _now_ms() + int(lease_s * 1000), document_id,
-                record["run_id"], record["owner"], "1" if parts and parts.reset else "0"]
+        args = [orjson.dumps(record).decode(), self._clock.now_ms() + int(lease_s * 1000),
+                document_id, record["run_id"], record["owner"],
+                "1" if parts and parts.reset else "0"]
         renewed = await self._call(self._renew_run(
             keys=_run_keys(document_id), args=[*args, *(parts.entries if parts else ())]))
         return bool(renewed)
@@ -291,7 +291,7 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
 
     async def expired_runs(self, claimer: str, lease_s: float = 10.0
                            ) -> list[tuple[str, dict[str, Any]]]:
-        now = _now_ms()
+        now = self._clock.now_ms()
         flat = await self._call(self._expired_runs(
             keys=[LEASES_KEY], args=[now, now + int(lease_s * 1000), claimer]))
         return [(flat[i], dict(orjson.loads(flat[i + 1]))) for i in range(0, len(flat), 2)]
@@ -300,7 +300,7 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
         key = f"cw:{{{document_id}}}:present"
         if present:
             self._presence[member] = document_id
-            expires = _now_ms() + int(CONNECTION_TTL_S * 1000)
+            expires = self._clock.now_ms() + int(CONNECTION_TTL_S * 1000)
             await self._call(self._redis.zadd(key, {member: expires}))
         else:
             self._presence.pop(member, None)
@@ -308,5 +308,6 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
 
     async def is_present(self, document_id: str, user_id: str, client_id: str) -> bool:
         found = await self._call(self._present(
-            keys=[f"cw:{{{document_id}}}:present"], args=[_now_ms(), f"{user_id}|{client_id}|"]))
+            keys=[f"cw:{{{document_id}}}:present"],
+            args=[self._clock.now_ms(), f"{user_id}|{client_id}|"]))
         return bool(found)

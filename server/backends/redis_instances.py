@@ -12,8 +12,8 @@ So a takeover loses no message, and no message is acted on twice.
 """
 
 import asyncio
+import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from server.backends.base import cancel_requested
+from server.backends.redis_clock import RedisClock
 from server.backends.redis_scripts import SEND_TO_OWNER_LUA
 
 T = TypeVar("T")
@@ -30,10 +31,6 @@ INBOX_MAXLEN = 10_000
 INBOX_TTL_S = 3600
 DEAD_INSTANCE_KEPT_MS = 3_600_000
 logger = logging.getLogger("cowrite.redis")
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _inbox_key(instance_id: str) -> str:
@@ -45,6 +42,7 @@ class RedisInstances:
 
     _redis: aioredis.Redis
     _url: str
+    _clock: RedisClock
 
     async def _call(self, awaitable: Awaitable[T]) -> T:  # RedisBackend's
         raise NotImplementedError
@@ -52,7 +50,9 @@ class RedisInstances:
     async def heartbeat(self, instance_id: str, ttl_s: float) -> None:
         """Say this instance lives for `ttl_s` more; forget instances an hour dead (a
         killed instance never leaves: the set grew by one per crash, for ever)."""
-        now = _now_ms()
+        with contextlib.suppress(RedisError, OSError):  # the clock of the next stamps
+            await self._clock.sync(self._redis)
+        now = self._clock.now_ms()
         pipe = self._redis.pipeline(transaction=False)
         pipe.zadd(INSTANCES_KEY, {instance_id: now + int(ttl_s * 1000)})
         pipe.zremrangebyscore(INSTANCES_KEY, "-inf", now - DEAD_INSTANCE_KEPT_MS)
@@ -62,7 +62,8 @@ class RedisInstances:
         await self._call(self._redis.zrem(INSTANCES_KEY, instance_id))
 
     async def live_instances(self) -> list[str]:
-        alive: Any = await self._call(self._redis.zrangebyscore(INSTANCES_KEY, _now_ms(), "+inf"))
+        alive: Any = await self._call(self._redis.zrangebyscore(INSTANCES_KEY,
+                                                                self._clock.now_ms(), "+inf"))
         return [str(member) for member in alive]  # decode_responses: str members
 
     # -- inboxes -------------------------------------------------------------------
