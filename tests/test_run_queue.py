@@ -50,6 +50,18 @@ async def test_runs_wait_in_order_and_welcome_lists_them(server: Server) -> None
             of_run(alice.events, "a-1", "run.finished")[0]["seq"]
 
 
+async def test_an_answer_for_a_queued_run_says_it_has_not_started(server: Server) -> None:
+    async with joined(server) as (alice, _), joined(server, sub="bob", client_id="b") as (bob, _):
+        await start(alice, WAITS, run_id="a-q")
+        await alice.recv_until("tool.call")
+        await enqueue(bob, WAITS, "b-q")
+        await bob.send({"type": "approval", "id": "early", "run_id": "b-q", "call_id": "c",
+                        "decision": "approve"})
+        refused = await bob.recv_until(lambda e: e.get("reply_to") == "early")
+        assert refused["code"] == "run_not_active"  # it said the run "has finished"
+        assert refused["message"] == "run 'b-q' is queued: it has not started"
+
+
 async def test_cancel_of_a_queued_run_ends_it_unstarted(server: Server) -> None:
     async with joined(server) as (alice, _), joined(server, sub="bob", client_id="b") as (bob, _):
         await start(alice, WAITS, run_id="a-2")

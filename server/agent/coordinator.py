@@ -169,8 +169,10 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
                 self.document_id, message.run_id, self.env.cluster.envelope(peer, message),
                 peer):
             return  # the run lives on (or is moving to) another instance
-        if await self.env.registry.get_run_record(self.document_id, message.run_id):
-            peer.error(ErrorCode.RUN_NOT_ACTIVE, f"run {message.run_id!r} has finished",
+        if record := await self.env.registry.get_run_record(self.document_id, message.run_id):
+            state = "is queued: it has not started" if record.get("status") == "queued" \
+                else "has finished"
+            peer.error(ErrorCode.RUN_NOT_ACTIVE, f"run {message.run_id!r} {state}",
                        reply_to=message.id, run_id=message.run_id)
         else:
             peer.error(ErrorCode.RUN_NOT_FOUND, f"no run {message.run_id!r} on this document",
