@@ -121,6 +121,23 @@ async def test_agent_edits_never_abort_and_tool_calls_carry_the_latest_version(
         assert (await alice.recv_until("run.finished"))["status"] == "completed"
 
 
+async def test_the_runs_own_edits_inside_its_scope_resize_it(server: Server) -> None:
+    """The run wrote 30 units inside its scope [10, 20): the scope is [10, 50) and says so
+    (`run.scope`); a person's edit at 35, in the run's new text, ends it. The scope
+    used to stay [10, 20), so that edit went through and one at 15 would have
+    "overlapped"; an edit list with one overlapping change was dropped whole."""
+    async with joined(server) as (alice, _):
+        ack = await scoped_run(alice, "overlap", [{"from": 10, "to": 20}])
+        await edit(alice, 2, (0, 0, 5), (17, 17, 30), origin="agent")
+        moved = await alice.recv_until("run.scope")
+        assert (moved["scope"], moved["document_version"]) == ([{"from": 15, "to": 55}], 2)
+        await edit(alice, 3, (60, 61, 0))  # after the scope: shifts nothing, ends nothing
+        assert not ended(alice, ack["run_id"])
+        await edit(alice, 4, (40, 41, 1))  # inside what the run wrote
+        finished = await alice.recv_until("run.finished")
+        assert (finished["status"], finished["reason"]) == ("aborted", "document_changed")
+
+
 @pytest.fixture
 async def fake() -> AsyncIterator[FakeOpenAI]:
     async with running_fake_openai() as fake_server:

@@ -20,6 +20,7 @@ from server.agent.scope import (
     ScopeError,
     apply,
     edit_overlaps,
+    follow,
     make_change,
     make_range,
     normalize_scope,
@@ -257,3 +258,49 @@ def test_overlap_is_the_protocols_formula_except_for_noops(
     a, b, f, t = min(a, b), max(a, b), min(f, t), max(f, t)
     expected = (f < b and t > a) or (f == t and a < f < b)
     assert overlaps(Change(f, t, n), Range(a, b)) == (expected and not (f == t and n == 0))
+
+
+# -- the run's own edits: the scope follows its text --------------------------------------
+
+
+def test_the_runs_own_edits_resize_the_range_they_touch() -> None:
+    scope = [Range(10, 20)]
+    assert follow(scope, [Change(12, 12, 30)]) == [Range(10, 50)]  # wrote inside: grows
+    assert follow(scope, [Change(11, 19, 0)]) == [Range(10, 12)]  # deleted inside: shrinks
+    assert follow(scope, [Change(5, 25, 3)]) == [Range(5, 8)]  # replaced it all
+    # several changes, each in the previous one's coordinates; an overlapping one no
+    # longer throws the others away (the scope stayed [10, 20))
+    assert follow(scope, [Change(0, 0, 5), Change(16, 17, 1)]) == [Range(15, 25)]
+    assert follow([Range(0, 4), Range(8, 12)], [Change(3, 9, 1)]) == [Range(0, 7)]  # merged
+
+
+@given(documents_scopes_and_edits())
+def test_follow_keeps_the_ranges_text_and_what_the_run_wrote_into_it(
+    case: tuple[int, list[Range], list[Change]],
+) -> None:
+    """Against a real document: the range after the run's edits is exactly the span of
+    what is left of its text plus the text its overlapping changes inserted."""
+    length, scope, changes = case
+    if len(scope) != 1:
+        return
+    ids = count()
+    doc = _tokens(ids, length)
+    ours = set(doc[scope[0].from_:scope[0].to])
+    for change in changes:
+        removed = set(doc[change.from_:change.to])
+        inside = (0 < change.from_ < len(doc) and doc[change.from_ - 1] in ours
+                  and doc[change.from_] in ours)
+        touched = bool(removed & ours) or (change.insert > 0 and change.from_ == change.to
+                                           and inside)
+        new = _tokens(ids, change.insert)
+        doc[change.from_:change.to] = new
+        if touched:
+            ours |= set(new)
+    [result] = follow(scope, changes)
+    assert 0 <= result.from_ <= result.to <= len(doc)
+    where = [i for i, token in enumerate(doc) if token in ours]
+    if where:
+        assert (result.from_, result.to) == (where[0], where[-1] + 1)
+        assert len(where) == where[-1] + 1 - where[0]  # contiguous: nothing foreign inside
+    else:
+        assert result.from_ == result.to  # all of it deleted: a point where it was

@@ -4,9 +4,10 @@
 edit that touches the run's scope does; others move the scope (logged as
 `run.scope`). `continue`: none does. In the last two modes the model's next
 request says what changed since its previous one, so it can re-read the
-document before editing it.
+document before editing it. The run's own edits (origin `agent`) never end it:
+they move the scope and resize a range they touch (`scope.grow`), logged as
+`run.scope` too.
 """
-
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,10 +36,14 @@ def judge_edit(state: RunState, user_id: str, origin: str, version: Any, summary
                changes: tuple[Edit, ...] | None) -> EditVerdict:
     """The run's answer to one `editor.change`."""
     known = version if version is not None else state.document_version
-    if origin == "agent":  # the run's own edits never end it; they may move its scope
-        moved = _apply(state.scope, changes) if changes and state.scope else None
-        return EditVerdict(False, state.evolve(document_version=known,
-                                          scope=moved if moved is not None else state.scope))
+    if origin == "agent":  # the run's own edits never end it; they move and resize its scope
+        if not changes or not state.scope:
+            return EditVerdict(False, state.evolve(document_version=known))
+        followed = tuple((r.from_, r.to) for r in ranges.follow(
+            [ranges.Range(a, b) for a, b in state.scope],
+            [ranges.Change(f, t, i) for f, t, i in changes]))
+        return EditVerdict(False, state.evolve(document_version=known, scope=followed),
+                           followed if followed != state.scope else None)
     if state.on_edit == "abort":
         return EditVerdict(True, state)
     scope, moved = state.scope, None

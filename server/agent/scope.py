@@ -136,6 +136,27 @@ def apply(scope: Sequence[Range], changes: Iterable[Change]) -> list[Range] | No
     return current
 
 
+def grow(range_: Range, change: Change) -> Range:
+    """Where `range_` is after a change of the run's own: shifted like a user's when it
+    does not overlap; when it does, the range keeps what is left of its text and takes
+    in the new text: `[min(a, from), max(b, to) + delta)`. The run wrote there, so
+    that text is its work (an insertion inside grows the range, a deletion shrinks it,
+    a replacement of all of it becomes the replacing text)."""
+    if not overlaps(change, range_):
+        return shift(range_, change)
+    return Range(min(range_.from_, change.from_),
+                 max(range_.to, change.to) + change.delta)
+
+
+def follow(scope: Sequence[Range], changes: Iterable[Change]) -> list[Range]:
+    """The scope after the run's own `changes` (in order): never an abort (`grow`).
+    Ranges that the edits made share a unit are merged (`normalize_scope`'s rule)."""
+    current = list(scope)
+    for change in changes:
+        current = [grow(range_, change) for range_ in current]
+    return _merged(current)
+
+
 def edit_overlaps(scope: Sequence[Range] | None, changes: Sequence[Change] | None) -> bool:
     """Does a user edit touch the run's scope? The rule for `on_edit: "overlap"`.
 
@@ -189,9 +210,12 @@ def normalize_scope(ranges: Sequence[Range], *, limit: int = MAX_SCOPE_RANGES,
     """
     if len(ranges) > limit:
         raise ScopeError(where, f"at most {limit} ranges (got {len(ranges)})")
-    checked = [make_range(r.from_, r.to, f"{where}.{i}") for i, r in enumerate(ranges)]
+    return _merged([make_range(r.from_, r.to, f"{where}.{i}") for i, r in enumerate(ranges)])
+
+
+def _merged(ranges: Sequence[Range]) -> list[Range]:
     merged: list[Range] = []
-    for range_ in sorted(checked, key=lambda r: (r.from_, r.to)):
+    for range_ in sorted(ranges, key=lambda r: (r.from_, r.to)):
         last = merged[-1] if merged else None
         if last is not None and (range_ == last or range_.from_ < last.to):
             merged[-1] = Range(last.from_, max(last.to, range_.to))
