@@ -33,6 +33,12 @@ class Reply:
     http_status: int | None = None
     malformed: bool = False
     usage: tuple[int, int] = (11, 7)
+    # Misbehaving servers: the body's SSE `data:` payloads as given (each an object or a
+    # raw string, `[DONE]` not added), a whole non-SSE body, an error body.
+    events: list[Any] | None = None
+    body: bytes | None = None
+    content_type: str = "application/json"
+    error_body: dict[str, Any] | None = None
 
 
 class FakeOpenAI:
@@ -67,8 +73,13 @@ class FakeOpenAI:
         self.requests.append(body)
         reply = self.replies.pop(0) if self.replies else Reply(text=["(no reply planned)"])
         if reply.http_status is not None:
-            return JSONResponse({"error": {"message": "planned failure", "type": "server_error"}},
-                                status_code=reply.http_status)
+            return JSONResponse(reply.error_body or {"error": {
+                "message": "planned failure", "type": "server_error"}},
+                status_code=reply.http_status)
+        if reply.body is not None:
+            return Response(reply.body, media_type=reply.content_type)
+        if reply.events is not None:
+            return StreamingResponse(_raw(reply.events), media_type="text/event-stream")
         return StreamingResponse(self._stream(reply, body), media_type="text/event-stream")
 
     async def _stream(self, reply: Reply, body: dict[str, Any]) -> AsyncIterator[bytes]:
@@ -112,6 +123,20 @@ class FakeOpenAI:
         finally:
             if reply.stall_after_text:
                 self.disconnected.set()
+
+
+async def _raw(events: list[Any]) -> AsyncIterator[bytes]:
+    for event in events:
+        data = event.encode() if isinstance(event, str) else orjson.dumps(event)
+        yield b"data: " + data + b"\n\n"
+
+
+def chunk(delta: dict[str, Any] | None = None, finish: str | None = None, **extra: Any
+          ) -> dict[str, Any]:
+    """One `chat.completion.chunk` object (for `Reply.events`)."""
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
+    return {"id": "chatcmpl-q", "object": "chat.completion.chunk", "created": 0,
+            "model": "test-model", "choices": choices, **extra}
 
 
 @contextlib.asynccontextmanager

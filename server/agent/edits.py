@@ -8,6 +8,7 @@ document before editing it. The run's own edits (origin `agent`) never end it:
 they move the scope and resize a range they touch (`scope.grow`), logged as
 `run.scope` too.
 """
+
 from dataclasses import dataclass
 from typing import Any
 

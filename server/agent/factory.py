@@ -11,5 +11,6 @@ def make_llm(settings: Settings) -> LLM:
         key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else ""
         if not key and not settings.openai_base_url:
             raise ValueError("COWRITE_LLM=openai needs OPENAI_API_KEY or COWRITE_OPENAI_BASE_URL")
-        return OpenAIChat(key or "not-needed", settings.openai_base_url)
+        return OpenAIChat(key or "not-needed", settings.openai_base_url,
+                          settings.openai_timeout_s)
     return ScriptedLLM()

@@ -16,6 +16,7 @@ comes much later reconnects; the Python-side costs stay paid.
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -38,6 +39,7 @@ logger = logging.getLogger("cowrite.agent")
 
 class OpenAIChat:
     def __init__(self, api_key: str, base_url: str | None, timeout_s: float = 120.0) -> None:
+        self._secret = api_key
         self._client = openai.AsyncOpenAI(
             api_key=api_key, base_url=base_url, timeout=timeout_s, max_retries=1
         )
@@ -90,56 +92,153 @@ class OpenAIChat:
                 **options,
             )
         except openai.APIError as exc:
-            raise _model_error(exc) from exc
-        calls: dict[int, dict[str, str]] = {}
+            raise _model_error(exc, self._secret) from exc
+        calls = _ToolCalls()
+        usage: UsageChunk | None = None
+        finish: str | None = None
         try:
+            _check_streamed(upstream)
             async for chunk in upstream:
-                if chunk.usage is not None:
-                    yield UsageChunk({
-                        "prompt_tokens": chunk.usage.prompt_tokens,
-                        "completion_tokens": chunk.usage.completion_tokens,
-                        "total_tokens": chunk.usage.total_tokens,
-                    })
+                if chunk.usage is not None:  # the last one counts (some servers repeat it)
+                    usage = _usage(chunk.usage)
                 for choice in chunk.choices:
+                    finish = choice.finish_reason or finish
                     delta = choice.delta
                     if delta is None:
                         continue
                     if delta.content:
                         yield TextChunk(delta.content)
                     for part in delta.tool_calls or ():
-                        slot = calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
-                        if part.id:
-                            slot["id"] = part.id
-                        if part.function is not None:
-                            slot["name"] += part.function.name or ""
-                            slot["arguments"] += part.function.arguments or ""
+                        calls.add(part)
+            requested = calls.requests()
         except openai.APIError as exc:
-            raise _model_error(exc) from exc
-        except (ValueError, KeyError, TypeError) as exc:
+            raise _model_error(exc, self._secret) from exc
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ModelError("bad_request", public="the model server sent a malformed stream",
-                             detail=f"malformed stream: {exc!r}") from exc
+                             detail=_redacted(f"malformed stream: {exc!r}", self._secret)
+                             ) from exc
         finally:
             await upstream.close()
-        for index in sorted(calls):
-            slot = calls[index]
+        _check_finish(finish)
+        if usage is not None:
+            yield usage
+        for call in requested:
+            yield call
+
+
+class _ToolCalls:
+    """Tool-call parts assembled into calls: by `index`, as the API sends them; parts
+    without one (some servers) start a new call whenever they carry an id (they
+    were glued into one call named `read_documentread_document`)."""
+
+    def __init__(self) -> None:
+        self._indexed: dict[int, dict[str, str]] = {}
+        self._unindexed: list[dict[str, str]] = []
+
+    def add(self, part: Any) -> None:
+        if part.index is not None:
+            slot = self._indexed.setdefault(int(part.index), _slot())
+        elif part.id or not self._unindexed:
+            slot = _slot()
+            self._unindexed.append(slot)
+        else:
+            slot = self._unindexed[-1]
+        if part.id:
+            slot["id"] = part.id
+        if part.function is not None:
+            slot["name"] += part.function.name or ""
+            slot["arguments"] += part.function.arguments or ""
+
+    def requests(self) -> list[ToolCallRequest]:
+        slots = [self._indexed[i] for i in sorted(self._indexed)] + self._unindexed
+        for number, slot in enumerate(slots):
             if not slot["name"]:
-                raise ModelError("bad_request",
-                                 public=f"the model sent a tool call (index {index}) without a "
-                                        "name")
-            yield ToolCallRequest(slot["id"], slot["name"], slot["arguments"] or "{}")
+                raise ModelError("bad_request", public=f"the model sent a tool call (number "
+                                                       f"{number}) without a name")
+        return [ToolCallRequest(slot["id"], slot["name"], slot["arguments"] or "{}")
+                for slot in slots]
 
 
-def _model_error(exc: openai.APIError) -> ModelError:
+def _slot() -> dict[str, str]:
+    return {"id": "", "name": "", "arguments": ""}
+
+
+def _usage(usage: Any) -> UsageChunk:
+    """Token counts, a missing or non-integer one as 0 (seen: a null completion_tokens)."""
+    counts = {}
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        value = getattr(usage, key, None)
+        counts[key] = value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return UsageChunk(counts)
+
+
+def _check_streamed(upstream: Any) -> None:
+    """A server that ignored `stream: true` (a whole JSON completion) or is not a model
+    server at all (an HTML page behind a wrong base URL) sent no events: the run
+    ended `completed` with nothing said."""
+    response = getattr(upstream, "response", None)
+    content_type = response.headers.get("content-type", "") if response is not None else ""
+    if response is not None and "text/event-stream" not in content_type:
+        raise ModelError("bad_request", public="the model server did not stream its answer",
+                         detail=f"content-type {content_type[:100]!r}, not text/event-stream")
+
+
+def _check_finish(finish: str | None) -> None:
+    """An answer cut short is a failure, not a completed run (the text so far is kept,
+    marked interrupted, as for any failed model call)."""
+    if finish is None:
+        raise ModelError("connection", public="the model's answer ended early (the stream "
+                                              "stopped without a finish reason)")
+    if finish == "length":
+        raise ModelError("bad_request", public="the model's answer was cut at its length "
+                                               "limit (finish_reason length)")
+    if finish == "content_filter":
+        raise ModelError("bad_request", public="the model provider withheld the rest of the "
+                                               "answer (finish_reason content_filter)")
+
+
+_KEY_SHAPED = re.compile(r"\b(?:sk|pk|rk)-[A-Za-z0-9_\-]{8,}")
+
+
+def _redacted(text: str, secret: str) -> str:
+    """`text` without the API key, or anything shaped like one (a provider's error may
+    quote the key it was given; PROTOCOL.md section 10: the log never holds it)."""
+    if len(secret) >= 8:
+        text = text.replace(secret, "[redacted]")
+    return _KEY_SHAPED.sub("[redacted]", text)
+
+
+def _model_error(exc: openai.APIError, secret: str = "") -> ModelError:
     """Our words for an upstream failure; the provider's text goes to the log only."""
-    detail = f"{type(exc).__name__}: {exc.message}"[:500]
+    detail = _redacted(f"{type(exc).__name__}: {exc.message}"[:500], secret)
     if isinstance(exc, openai.APIStatusError):
-        status = exc.status_code
-        kind: UpstreamKind = (
-            "rate_limited" if status == 429 else "auth" if status in (401, 403)
-            else "server_error" if status >= 500 else "bad_request")
-        return ModelError(kind, status, detail=detail)
+        return ModelError(_kind_of_status(exc.status_code), exc.status_code, detail=detail)
     if isinstance(exc, openai.APITimeoutError):
         return ModelError("timeout", detail=detail)
     if isinstance(exc, openai.APIConnectionError):
         return ModelError("connection", detail=detail)
-    return ModelError("bad_request", detail=detail)
+    return ModelError(_kind_in_stream(exc.body), detail=detail)
+
+
+def _kind_of_status(status: int) -> UpstreamKind:
+    return ("rate_limited" if status == 429 else "auth" if status in (401, 403)
+            else "server_error" if status >= 500 else "bad_request")
+
+
+def _kind_in_stream(body: object) -> UpstreamKind:
+    """The kind of an error sent inside the stream (`data: {"error": ...}`), from its code
+    or type: an overloaded server said "bad request" and clients did not retry."""
+    error = body.get("error", body) if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return "bad_request"
+    code, kind = error.get("code"), str(error.get("type") or "")
+    if isinstance(code, str) and code.isdigit():
+        code = int(code)
+    if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 600:
+        return _kind_of_status(code)
+    words = f"{code} {kind}".lower()
+    if "rate" in words:
+        return "rate_limited"
+    if any(word in words for word in ("overload", "server", "unavailable", "internal")):
+        return "server_error"
+    return "bad_request"

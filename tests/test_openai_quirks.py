@@ -1,0 +1,155 @@
+"""An OpenAI-compatible server that misbehaves: answers cut short or filtered, no stream
+at all, malformed chunks, quirky tool calls and usage, errors inside the stream, a
+provider quoting the API key. The real `openai` SDK against tests/fake_openai.py."""
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from tests.fake_openai import FakeOpenAI, Reply, chunk, running_fake_openai
+from tests.harness import joined, running_server
+from tests.runs import answer, start
+
+KEY = "sk-live-QUOTEDKEY0123456789"
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeOpenAI]:
+    async with running_fake_openai() as fake_server:
+        yield fake_server
+
+
+async def run_once(fake: FakeOpenAI, *replies: Reply, mode: str = "chat", **settings: Any
+                   ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One run against `replies`: its run.finished and every event the client saw."""
+    fake.replies = list(replies)
+    async with running_server(llm="openai", openai_api_key=KEY, model="test-model",
+                              openai_base_url=fake.base_url, **settings) as srv, \
+            joined(srv) as (client, _):
+        await start(client, "hello", mode=mode)
+        while True:
+            event = await client.recv_until(lambda e: e.get("type") in ("tool.call",
+                                                                        "run.finished"))
+            if event["type"] == "run.finished":
+                return event, client.events
+            await answer(client, event, {"text": "doc"})
+
+
+def failed_with(finished: dict[str, Any], words: str, kind: str = "bad_request") -> None:
+    assert (finished["status"], finished["reason"]) == ("failed", "upstream_error"), finished
+    assert finished["error"]["code"] == "upstream_error"
+    assert words in finished["error"]["message"], finished["error"]
+    assert finished["error"]["details"]["kind"] == kind
+
+
+@pytest.mark.parametrize(("finish", "words"), [
+    ("length", "cut at its length limit"),
+    ("content_filter", "withheld the rest of the answer"),
+    (None, "ended early"),
+])
+async def test_an_answer_cut_short_fails_the_run_and_keeps_its_text_interrupted(
+        fake: FakeOpenAI, finish: str | None, words: str) -> None:
+    events: list[Any] = [chunk({"role": "assistant", "content": "The answer is cut"})]
+    if finish is not None:
+        events.append(chunk({}, finish))
+    events.append("[DONE]")
+    finished, seen = await run_once(fake, Reply(events=events), Reply(text=["next"]))
+    # each ended `completed`, the partial text saved as a whole answer
+    failed_with(finished, words, "connection" if finish is None else "bad_request")
+    assert "".join(e["delta"] for e in seen if e["type"] == "message.delta") == \
+        "The answer is cut"
+
+
+@pytest.mark.parametrize("reply", [
+    Reply(body=b'{"id": "x", "object": "chat.completion", "choices": [{"index": 0, '
+               b'"message": {"role": "assistant", "content": "whole"}, '
+               b'"finish_reason": "stop"}]}'),
+    Reply(body=b"<html><body>Welcome to nginx!</body></html>", content_type="text/html"),
+], ids=["not-streamed", "html-page"])
+async def test_a_server_that_does_not_stream_fails_the_run(fake: FakeOpenAI, reply: Reply
+                                                           ) -> None:
+    finished, _ = await run_once(fake, reply)  # were `completed`, with nothing said
+    failed_with(finished, "did not stream its answer")
+
+
+@pytest.mark.parametrize("events", [
+    [chunk({"content": "x"}), "{\"id\": \"q\", \"object\": \"chat.completion.chunk\", "
+     "\"created\": 0, \"model\": \"m\", \"choices\": [\"x\"]}", "[DONE]"],
+    [chunk({"content": "", "tool_calls": [
+        {"index": 0, "id": "a", "type": "function", "function": {"name": "t", "arguments": ""}},
+        {"id": "b", "type": "function", "function": {"name": "u", "arguments": ""}}]}),
+     chunk({}, "tool_calls"), "[DONE]"],
+], ids=["choice-not-an-object", "tool-call-without-index-beside-one-with"])
+async def test_a_malformed_chunk_is_an_upstream_error_not_an_internal_one(
+        fake: FakeOpenAI, events: list[Any]) -> None:
+    finished, _ = await run_once(fake, Reply(events=events), mode="agent")
+    # was failed/internal_error with a traceback
+    assert finished.get("reason") in (None, "upstream_error"), finished
+
+
+async def test_tool_calls_without_index_are_separate_calls(fake: FakeOpenAI) -> None:
+    calls = [chunk({"content": "", "tool_calls": [{"id": f"call_{n}", "type": "function",
+                                                    "function": {"name": "read_document",
+                                                                 "arguments": "{}"}}]})
+             for n in (1, 2)]
+    finished, seen = await run_once(
+        fake, Reply(events=[*calls, chunk({}, "tool_calls"), "[DONE]"]), Reply(text=["ok"]),
+        mode="agent")
+    assert finished["status"] == "completed"
+    names = [e["name"] for e in seen if e["type"] == "tool.call"]
+    assert names == ["read_document", "read_document"]  # was one "read_documentread_document"
+
+
+async def test_usage_repeated_on_every_chunk_counts_once(fake: FakeOpenAI) -> None:
+    def usage(done: int) -> dict[str, int]:
+        return {"prompt_tokens": 10, "completion_tokens": done, "total_tokens": 10 + done}
+
+    events: list[Any] = [chunk({"content": f"{n} "}, usage=usage(n)) for n in range(1, 6)]
+    events += [chunk({}, "stop", usage=usage(5)), chunk(None, usage={
+        "prompt_tokens": 10, "completion_tokens": None, "total_tokens": 15}), "[DONE]"]
+    finished, _ = await run_once(fake, Reply(events=events))
+    assert finished["status"] == "completed"  # a null count was a TypeError: internal_error
+    # the last report counts (the sum of six was 60 / 20 / 80), a null count as 0
+    assert finished["usage"] == {"prompt_tokens": 10, "completion_tokens": 0,
+                                 "total_tokens": 15}
+
+
+async def test_an_error_inside_the_stream_keeps_its_kind(fake: FakeOpenAI) -> None:
+    events = [chunk({"content": "partial "}),
+              {"error": {"message": "Upstream overloaded", "code": 503}}]
+    finished, _ = await run_once(fake, Reply(events=events))
+    failed_with(finished, "server error", "server_error")  # was kind bad_request
+
+
+class Recorder(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+async def test_a_provider_quoting_the_key_does_not_put_it_in_the_log(fake: FakeOpenAI) -> None:
+    recorder = Recorder()
+    body = {"error": {"message": f"Incorrect API key provided: {KEY}", "type": "auth"}}
+    logging.getLogger("cowrite.agent").addHandler(recorder)
+    try:
+        finished, _ = await run_once(fake, Reply(http_status=401, error_body=body),
+                                     Reply(http_status=401, error_body=body))
+    finally:
+        logging.getLogger("cowrite.agent").removeHandler(recorder)
+    failed_with(finished, "HTTP 401", "auth")
+    logged = "\n".join(recorder.lines)
+    assert "Incorrect API key provided" in logged  # the provider's words are logged,
+    assert KEY not in logged and KEY[:12] not in logged  # its key is not
+
+
+async def test_a_silent_upstream_fails_after_the_configured_timeout(fake: FakeOpenAI) -> None:
+    """`COWRITE_OPENAI_TIMEOUT_S` (it was a fixed 120 s): the request and its one retry
+    each go silent after some text; the run fails `timeout`, its text kept."""
+    stalls = Reply(text=["partial "], stall_after_text=True)
+    finished, _ = await run_once(fake, stalls, stalls, openai_timeout_s=0.5)
+    failed_with(finished, "timeout", "timeout")
