@@ -130,3 +130,18 @@ async def _until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
         while not predicate():  # noqa: ASYNC110 - the listener is a plain callback
             await asyncio.sleep(0.05)
 
+
+
+async def test_a_quiet_healthy_pubsub_connection_is_kept(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """Asked for a PONG when quiet, a healthy connection answers and stays: the PONG was
+    dropped (redis-py reads it as a subscribe message), so every idle instance
+    reconnected every 10 s with a warning and emptied its connection pool."""
+    monkeypatch.setattr(redis_fanout, "PUBSUB_QUIET_S", 0.3)
+    async with redis_process() as proc, started(proc.url) as backend:
+        seen: list[LoggedEvent] = []
+        await backend.subscribe("doc", seen.append)
+        await asyncio.sleep(2.0)  # six quiet periods
+        assert backend.reconnects == 0
+        await backend.append("doc", {"type": "document.changed", "document_version": 1})
+        await _until(lambda: [e.seq for e in seen] == [1])

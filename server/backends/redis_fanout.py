@@ -116,7 +116,9 @@ class RedisFanOut:
         while not cancel_requested():
             try:
                 async with self._subscribe_lock:
-                    self._pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+                    # Every frame is heard (`_messages`): ignoring subscribe messages also
+                    # dropped PONGs, which redis-py parses oddly with decode_responses.
+                    self._pubsub = self._redis.pubsub(ignore_subscribe_messages=False)
                     await self._pubsub.subscribe("cw:instance-alive")
                     channels = [channel_of(doc) for doc in self._listeners]
                     if channels:
