@@ -14,11 +14,13 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 
 import uvicorn
+from pydantic import ValidationError
 
 from server.app import create_app
 from server.lifecycle import DrainingServer, drain
 from server.runner import uvicorn_config
 from server.settings import Settings
+from server.startup_errors import settings_problems
 from server.tools.config import ConfigError
 
 
@@ -94,10 +96,14 @@ class AnnouncingServer(DrainingServer):
 
 
 def main() -> int:
-    settings = Settings()
     try:
+        settings = Settings()
         app = create_app(settings)
-    except ConfigError as exc:  # one clear line, not a traceback
+    except ValidationError as exc:  # a bad COWRITE_* value: one line each, no values
+        for problem in settings_problems(exc):
+            print(f"cowrite: {problem}", file=sys.stderr, flush=True)
+        return 2
+    except (ConfigError, ValueError) as exc:  # the start-up checks' own words, one line
         print(f"cowrite: {exc}", file=sys.stderr, flush=True)
         return 2
     services = app.state.services

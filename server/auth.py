@@ -9,6 +9,7 @@ call token or the other way round.
 import binascii
 import hashlib
 import hmac
+import logging
 import secrets
 import time
 from dataclasses import dataclass
@@ -16,6 +17,8 @@ from typing import Any, Literal
 
 import jwt
 import orjson
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
 
 from server.records import quick_init
 from server.settings import Settings
@@ -139,19 +142,38 @@ class CallGrant:
     expires_at_ms: int
 
 
+logger = logging.getLogger("cowrite.auth")
+MIN_SECRET_BYTES = 32
+"""RFC 7518 section 3.2: an HS256 key of at least the hash's size."""
+
+
+def _public_key(pem: str) -> Any:
+    """The verification key of `COWRITE_JWT_PUBLIC_KEY`, checked at start: a key that is
+    not a PEM public key refused every token later, with nothing in the log."""
+    try:
+        return serialization.load_pem_public_key(pem.encode())
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        raise ValueError("COWRITE_JWT_PUBLIC_KEY is not a PEM public key (RSA or EC, "
+                         "-----BEGIN PUBLIC KEY-----)") from None
+
+
 class Authenticator:
     """Verifies client JWTs and issues/verifies per-call tokens."""
 
     def __init__(self, settings: Settings) -> None:
         self._audience = settings.jwt_audience
         if settings.jwt_public_key:
-            self._verify_key: Any = settings.jwt_public_key
+            self._verify_key: Any = _public_key(settings.jwt_public_key)
             self._algorithms = ["RS256", "ES256"]
             self._signing_secret: bytes | None = None
         elif settings.jwt_secret:
             self._signing_secret = settings.jwt_secret.get_secret_value().encode()
             self._verify_key = self._signing_secret
             self._algorithms = ["HS256"]
+            if len(self._signing_secret) < MIN_SECRET_BYTES:
+                logger.warning("COWRITE_JWT_SECRET is %d bytes; HS256 wants at least %d "
+                               "(e.g. `openssl rand -hex 32`)", len(self._signing_secret),
+                               MIN_SECRET_BYTES)
         elif settings.dev:
             # Development: a fresh secret per process; /v1/dev/token signs with it.
             self._signing_secret = secrets.token_bytes(32)

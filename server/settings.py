@@ -113,6 +113,9 @@ class Settings(BaseSettings):
             raise ValueError("COWRITE_MAX_JSON_DEPTH must be 0 (orjson's limit) or more")
         if self.metrics_port is not None and self.metrics_port == self.port:
             raise ValueError("COWRITE_METRICS_PORT must differ from COWRITE_PORT")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ValueError("COWRITE_LOG_LEVEL must be one of debug, info, warning, error, "
+                             "critical")
         return self
 
     @property
