@@ -4,6 +4,7 @@ and over streamable HTTP (uvicorn on a free port), both started by the tests."""
 import asyncio
 import contextlib
 import itertools
+import logging
 import os
 import signal
 import sys
@@ -23,7 +24,7 @@ from server.tools.context import ToolUnavailable
 from server.tools.mcp_source import McpConnection, McpTimings
 from tests.harness import free_port
 from tests.mcp_fixture_server import build
-from tests.tool_support import catalog, file_says, tool_context, until
+from tests.tool_support import FAST, catalog, file_says, tool_context, until
 
 ROOT = Path(__file__).resolve().parent.parent
 STDIO = f"""
@@ -36,7 +37,13 @@ cwd = {orjson.dumps(str(ROOT)).decode()}
 
 @contextlib.asynccontextmanager
 async def started(toml: str) -> AsyncIterator[ToolCatalog]:
-    tools = catalog(toml)
+    async with started_with(toml, FAST) as tools:
+        yield tools
+
+
+@contextlib.asynccontextmanager
+async def started_with(toml: str, timings: McpTimings) -> AsyncIterator[ToolCatalog]:
+    tools = catalog(toml, timings=timings)
     await tools.start()
     try:
         yield tools
@@ -175,6 +182,30 @@ async def test_server_that_cannot_start_is_reported_and_calls_fail_cleanly() -> 
         assert result.status == "error" and result.error is not None
         assert result.error["code"] == "unavailable"
         assert "/nonexistent" not in result.error["message"]
+
+
+async def test_a_missing_command_is_one_warning_naming_it_then_quiet() -> None:
+    """It printed a 50-line traceback on every retry, without naming the command."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign,assignment]
+    logger = logging.getLogger("cowrite.tools")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    try:
+        fast = McpTimings(retry_min_s=0.05, retry_max_s=0.05)
+        async with started_with('[[mcp]]\nname = "ghost"\ncommand = ["/nonexistent/ghost-mcp"]\n',
+                                fast):
+            await asyncio.sleep(0.6)  # several retries
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    down = [r for r in records if "mcp server ghost is down" in r.getMessage()]
+    assert len(down) >= 3
+    assert [r.levelno for r in down][:2] == [logging.WARNING, logging.DEBUG]
+    assert "(command '/nonexistent/ghost-mcp')" in down[0].getMessage()
+    assert all(r.exc_info is None for r in down)
 
 
 async def test_closing_never_waits_on_a_transport_that_swallows_the_cancellation() -> None:

@@ -58,10 +58,15 @@ class McpTimings:
     relist_gap_s: float = 1.0  # at most one listing per gap, however often changes come
 
 
-def describe_failure(exc: BaseException) -> str:
-    """A short, safe reason (no exception text: it is served by GET /v1/tools)."""
+def _innermost(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
+    return exc
+
+
+def describe_failure(exc: BaseException) -> str:
+    """A short, safe reason (no exception text: it is served by GET /v1/tools)."""
+    exc = _innermost(exc)
     if isinstance(exc, TimeoutError):
         return "no answer in time"
     if isinstance(exc, FileNotFoundError | PermissionError):
@@ -93,6 +98,7 @@ class McpConnection:
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._last_failure: str | None = None  # the reason last logged (see `_log_down`)
 
     @property
     def up(self) -> bool:
@@ -182,6 +188,19 @@ class McpConnection:
         elif isinstance(message, Exception):
             log.debug("mcp server %s transport: %r", self.name, message)
 
+    def _log_down(self, reason: str, exc: Exception) -> None:
+        """One line per failure, naming what to fix; a traceback only for a failure
+        nobody expects, and a failure like the last one at debug level (a missing
+        command printed a 50-line traceback every retry, for ever)."""
+        command = f" (command {self.config.command[0]!r})" \
+            if self.config.command and reason == "its command cannot be started" else ""
+        expected = reason != type(_innermost(exc)).__name__
+        repeated = reason == self._last_failure
+        self._last_failure = reason
+        log.log(logging.DEBUG if repeated else logging.WARNING,
+                "mcp server %s is down (%s)%s; restarting in the background", self.name,
+                reason, command, exc_info=None if expected or repeated else exc)
+
     async def _supervise(self) -> None:
         delay = self.timings.retry_min_s
         while not self._closing:
@@ -193,8 +212,7 @@ class McpConnection:
                 reason = describe_failure(exc)
                 if self._closing:
                     return  # a cancellation the transport turned into an error
-                log.warning("mcp server %s is down (%s); restarting in the background",
-                            self.name, reason, exc_info=exc)
+                self._log_down(reason, exc)
             if self._connected:
                 delay = self.timings.retry_min_s  # it worked: start the backoff over
             self._client = None
@@ -229,7 +247,7 @@ class McpConnection:
                 client = await stack.enter_async_context(self._connect())
                 await self._list_tools(client)
             self._client, self.problem, self.ever_up = client, None, True
-            self._connected = True
+            self._connected, self._last_failure = True, None
             self._attempted.set()
             self._notify()
             log.info("mcp server %s is up with %d tools", self.name, len(self.tools))
