@@ -71,9 +71,11 @@ class AnnouncingServer(DrainingServer):
     """DrainingServer that prints the URL it serves once its socket is bound."""
 
     def __init__(self, settings: Settings, config: uvicorn.Config,
-                 on_shutdown: Callable[[], Awaitable[None]]) -> None:
+                 on_shutdown: Callable[[], Awaitable[None]],
+                 backend_ready: Callable[[], Awaitable[bool]] | None = None) -> None:
         super().__init__(config, on_shutdown)
         self._settings = settings
+        self._backend_ready = backend_ready
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)  # the lifespan (imports, warm-ups) ran first
@@ -87,9 +89,12 @@ class AnnouncingServer(DrainingServer):
         mode = "dev" if settings.dev else "production"
         backend = "redis" if settings.redis_url else "memory"
         wildcard = " (all interfaces)" if settings.host in ("0.0.0.0", "::", "") else ""
+        # A wrong COWRITE_REDIS_URL looked like a brief outage under a "serving" banner.
+        unready = "" if self._backend_ready is None or await self._backend_ready() else (
+            "; Redis does not answer (check COWRITE_REDIS_URL): /readyz says 503 until it does")
         print(
             f"cowrite ({mode}, {backend} backend, {settings.effective_llm} model) serving "
-            f"{browser_url(settings.host, listeners[0].getsockname())}{wildcard}",
+            f"{browser_url(settings.host, listeners[0].getsockname())}{wildcard}{unready}",
             file=sys.stderr,
             flush=True,
         )
@@ -108,7 +113,8 @@ def main() -> int:
         return 2
     services = app.state.services
     server = AnnouncingServer(settings, uvicorn_config(app, settings, log_level="warning"),
-                              on_shutdown=lambda: drain(services))
+                              on_shutdown=lambda: drain(services),
+                              backend_ready=services.backend.ready)
     try:
         server.run()
     except KeyboardInterrupt:

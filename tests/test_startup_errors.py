@@ -5,8 +5,11 @@ every setting: the start of the JWT secret and the whole OpenAI key)."""
 import os
 import subprocess
 import sys
+import time
 
 import pytest
+
+from tests.harness import free_port
 
 API_KEY = "sk-proj-AbCdEf1234567890"
 JWT_SECRET = "prod-jwt-secret-7f3a9c2e1b-0123456789abcdef"
@@ -56,3 +59,19 @@ def test_a_short_jwt_secret_is_warned_about_at_start() -> None:
         server.terminate()
     assert any("COWRITE_JWT_SECRET is 9 bytes; HS256 wants at least 32" in line
                for line in lines), lines
+
+
+def test_an_unreachable_redis_is_said_once_not_twice_a_second() -> None:
+    """The banner says Redis does not answer, and each reader says it lost Redis once
+    per outage (a wrong URL logged two warnings a second, under a plain "serving")."""
+    keep = {k: v for k, v in os.environ.items() if not k.startswith("COWRITE_")}
+    env = {**keep, "COWRITE_JWT_SECRET": JWT_SECRET, "COWRITE_PORT": "0",
+           "COWRITE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    with subprocess.Popen([sys.executable, "-m", "server"], stderr=subprocess.PIPE, text=True,
+                          env=env) as server:
+        time.sleep(6)  # a dozen reconnect attempts at the old fixed pace
+        server.terminate()
+        _, err = server.communicate(timeout=20)
+    banner = next(line for line in err.splitlines() if "serving" in line)
+    assert "Redis does not answer (check COWRITE_REDIS_URL)" in banner
+    assert err.count("redis pub/sub lost") == 1 and err.count("inbox read failed") == 1, err

@@ -112,7 +112,7 @@ class RedisFanOut:
 
     async def _pubsub_loop(self) -> None:
         """Receive live frames; after any reconnect, re-read what was missed."""
-        delay = 0.1
+        delay, down = 0.1, False
         while not cancel_requested():
             try:
                 async with self._subscribe_lock:
@@ -128,7 +128,9 @@ class RedisFanOut:
                     # each would fail one real command ("Connection closed by server").
                     await self._redis.connection_pool.disconnect(inuse_connections=False)
                 await self._catch_up()
-                delay = 0.1
+                if down:
+                    logger.info("redis pub/sub is back")
+                delay, down = 0.1, False
                 async for message in self._messages():
                     channel: str = message["channel"]
                     if not channel.startswith("cw:live:{"):
@@ -138,8 +140,10 @@ class RedisFanOut:
                     self._deliver(document_id, None, LoggedEvent(int(seq), event_type, frame))
             except asyncio.CancelledError:
                 raise
-            except (RedisError, OSError) as exc:
-                logger.warning("redis pub/sub lost (%s); reconnecting", exc)
+            except (RedisError, OSError) as exc:  # said once per outage, not per attempt
+                logger.log(logging.DEBUG if down else logging.WARNING,
+                           "redis pub/sub lost (%s); reconnecting", exc)
+                down = True
             self.reconnects += 1
             if self._pubsub is not None:
                 with contextlib.suppress(Exception):

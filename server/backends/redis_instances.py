@@ -87,14 +87,20 @@ class RedisInstances:
         key, last_id = _inbox_key(instance_id), "0-0"
         reader = aioredis.Redis.from_url(self._url, decode_responses=True,
                                          socket_connect_timeout=2.0)
+        delay = 0.0  # > 0 while failing: the next wait (0.1 s doubling to 2 s)
         try:
             while not cancel_requested():
                 try:
                     batches: Any = await reader.xread({key: last_id}, block=1000, count=100)
-                except (RedisError, OSError) as exc:
-                    logger.warning("inbox read failed (%s); retrying", exc)
-                    await asyncio.sleep(0.5)
+                except (RedisError, OSError) as exc:  # said once per outage, not per attempt
+                    logger.log(logging.DEBUG if delay else logging.WARNING,
+                               "inbox read failed (%s); retrying", exc)
+                    delay = min(delay * 2, 2.0) if delay else 0.1
+                    await asyncio.sleep(delay)
                     continue
+                if delay:
+                    logger.info("inbox reads work again")
+                    delay = 0.0
                 for _stream, entries in batches or ():
                     for entry_id, fields in entries:
                         last_id = entry_id
