@@ -104,7 +104,7 @@ class Welcome(WireModel):
     queued_runs: list[RunSnapshot] = Field(default_factory=list)
     """Runs waiting for the active one, next first (1.1, `if_busy: enqueue`)."""
     features: list[str] = Field(default_factory=list)
-    """The protocol 1.1 additions this server supports (PROTOCOL.md, 1.1 header)."""
+    """The protocol 1.1 additions this server supports (see "Version 1.1")."""
 
 
 class Ack(WireModel):
@@ -288,7 +288,7 @@ class RunError(WireModel):
     message: str
     """For people; never exception text."""
     details: JsonObject | None = None
-    """Upstream failures: {kind, status?} (PROTOCOL.md section 10)."""
+    """Upstream failures: {kind, status?} (kinds: see "Errors and close codes")."""
 
 
 class RunFinished(DurableEvent):

@@ -473,7 +473,7 @@ export interface WelcomeEvent {
    */
   queued_runs: RunSnapshot1[];
   /**
-   * The protocol 1.1 additions this server supports (PROTOCOL.md, 1.1 header).
+   * The protocol 1.1 additions this server supports (see "Version 1.1").
    */
   features: string[];
 }
@@ -971,7 +971,7 @@ export interface RunError {
    */
   message: string;
   /**
-   * Upstream failures: {kind, status?} (PROTOCOL.md section 10).
+   * Upstream failures: {kind, status?} (kinds: see "Errors and close codes").
    */
   details?: {
     [k: string]: unknown;
