@@ -288,7 +288,7 @@ class RunError(WireModel):
     message: str
     """For people; never exception text."""
     details: JsonObject | None = None
-    """Upstream failures: {kind, status?} (kinds: see "Errors and close codes")."""
+    """Upstream failures: {kind, status?} (the kinds: see "Version 1.1")."""
 
 
 class RunFinished(DurableEvent):

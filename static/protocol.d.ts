@@ -971,7 +971,7 @@ export interface RunError {
    */
   message: string;
   /**
-   * Upstream failures: {kind, status?} (kinds: see "Errors and close codes").
+   * Upstream failures: {kind, status?} (the kinds: see "Version 1.1").
    */
   details?: {
     [k: string]: unknown;
