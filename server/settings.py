@@ -69,6 +69,7 @@ class Settings(BaseSettings):
     openai_base_url: str | None = None
     openai_warmup_timeout_s: float = Field(default=3.0, ge=0)  # 0: no warm-up at start
     openai_timeout_s: float = Field(default=120.0, gt=0)  # one model request, any silence
+    history_max_chars: int = Field(default=24_000, ge=0)  # earlier turns sent to the model
     tool_format: Literal["native", "json"] = "native"
     system_prompt: str = (
         "You are cowrite, an assistant that co-writes a document with its authors. "

@@ -153,3 +153,24 @@ async def test_a_silent_upstream_fails_after_the_configured_timeout(fake: FakeOp
     stalls = Reply(text=["partial "], stall_after_text=True)
     finished, _ = await run_once(fake, stalls, stalls, openai_timeout_s=0.5)
     failed_with(finished, "timeout", "timeout")
+
+
+async def test_a_long_thread_sends_only_what_fits_the_history_budget(fake: FakeOpenAI) -> None:
+    """Earlier turns are cut to `COWRITE_HISTORY_MAX_CHARS`, newest first: a thread of
+    long answers used to fill the model's context until every run failed HTTP 400."""
+    answers = [f"answer {n}: " + chr(ord("a") + n) * 5_000 for n in range(4)]
+    fake.replies = [Reply(text=[answer]) for answer in answers] + [Reply(text=["short"])]
+    async with running_server(llm="openai", openai_api_key=KEY, model="test-model",
+                              openai_base_url=fake.base_url, history_max_chars=4_000) as srv, \
+            joined(srv) as (client, _):
+        for n in range(5):
+            await start(client, f"question {n}", mode="chat")
+            finished = await client.recv_until("run.finished")
+            assert finished["status"] == "completed"
+    earlier = fake.requests[-1]["messages"][1:-1]  # between the system prompt and the prompt
+    assert sum(len(m["content"]) for m in earlier) <= 4_000
+    assert [m["role"] for m in earlier] == ["user", "assistant"] * (len(earlier) // 2)
+    assert earlier[-2]["content"] == "question 3" and earlier[-1]["content"].startswith(
+        "answer 3: ddd")  # the newest turn, its start and end kept
+    assert "characters left out" in earlier[-1]["content"]
+    assert earlier[-1]["content"].endswith("ddd")

@@ -68,7 +68,8 @@ def first_state(message: RunStart, env: RunEnvironment, user_id: str, client_id:
         else None,
         approval_tools=frozenset(workflow.approval) if workflow else frozenset(),
         messages=tuple(model_messages(system_prompt, earlier, run_id, message.prompt,
-                                      message.context, message.thread_id)),
+                                      message.context, message.thread_id,
+                                      settings.history_max_chars)),
         executor_present=executor_present,
         on_edit=options.on_edit if options is not None else "abort",
         scope=None if message.context is None or message.context.scope is None else tuple(

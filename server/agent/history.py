@@ -14,6 +14,7 @@ from protocol.base import DEFAULT_THREAD
 from protocol.client import RunContext
 
 HISTORY_TURNS_FOR_MODEL = 40
+HISTORY_CHARS_FOR_MODEL = 24_000  # COWRITE_HISTORY_MAX_CHARS
 NO_ANSWER = "[No answer: that run ended before the assistant replied.]"
 
 
@@ -46,14 +47,44 @@ def thread_of(entry: dict[str, Any]) -> str:
 def model_messages(
     system_prompt: str, history: list[dict[str, Any]], run_id: str, prompt: str,
     context: RunContext | None, thread_id: str = DEFAULT_THREAD,
+    budget_chars: int = HISTORY_CHARS_FOR_MODEL,
 ) -> list[dict[str, Any]]:
-    """The first request of a run: system, earlier turns of its thread, this prompt
-    with its context."""
+    """The first request of a run: system, earlier turns of its thread (the newest that
+    fit `budget_chars`, see `within_budget`), this prompt with its context."""
     return [
         {"role": "system", "content": system_prompt},
-        *earlier_turns(history, run_id, thread_id)[-HISTORY_TURNS_FOR_MODEL:],
+        *within_budget(earlier_turns(history, run_id, thread_id)[-HISTORY_TURNS_FOR_MODEL:],
+                       budget_chars),
         {"role": "user", "content": user_content(prompt, context)},
     ]
+
+
+def within_budget(turns: list[dict[str, Any]], budget_chars: int) -> list[dict[str, Any]]:
+    """The newest turns whose text fits `budget_chars`, each turn cut to a quarter of it
+    (its start and end kept), starting with a user turn. Without a budget, a thread
+    whose long answers filled the model's context failed every later run with HTTP
+    400, and each retry too, until ~20 more runs had pushed them out."""
+    if budget_chars <= 0:
+        return []
+    turn_max, kept, used = max(budget_chars // 4, 200), [], 0
+    for turn in reversed(turns):
+        content = _shortened(str(turn["content"]), turn_max)
+        if used + len(content) > budget_chars:
+            break
+        kept.append({**turn, "content": content})
+        used += len(content)
+    kept.reverse()
+    while kept and kept[0]["role"] != "user":
+        kept.pop(0)
+    return kept
+
+
+def _shortened(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    half = (limit - 60) // 2
+    return (f"{text[:half]}\n[... {len(text) - 2 * half} characters left out ...]\n"
+            f"{text[-half:]}")
 
 
 def earlier_turns(history: list[dict[str, Any]], run_id: str, thread_id: str
