@@ -321,6 +321,20 @@ class DocumentChanged(DurableEvent):
     """In which tab."""
     origin: Literal["user", "agent"]
     """`user`: typed by a person; `agent`: applied by a tool call."""
+    changes: list["ChangeSpan"] | None = None
+    """The `editor.change`'s `changes`, when it sent them (1.1): what a run that waited
+    in the queue meanwhile is judged by when it starts."""
+
+
+class ChangeSpan(WireModel):
+    """One edit: `[from, to)` of the document before it was replaced by `insert` units."""
+
+    from_: int = Field(alias="from")
+    """Start of the replaced range."""
+    to: int
+    """End of the replaced range (exclusive)."""
+    insert: int
+    """How many units of new content replaced it."""
 
 
 class ScopeSpan(WireModel):

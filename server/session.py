@@ -20,7 +20,14 @@ import orjson
 from protocol.base import PROTOCOL_VERSION
 from protocol.client import ClientMessage, EditorChange, Hello
 from protocol.codes import CloseCode
-from protocol.server import DocumentChanged, DurableServerEvent, Limits, MessageDelta, Welcome
+from protocol.server import (
+    ChangeSpan,
+    DocumentChanged,
+    DurableServerEvent,
+    Limits,
+    MessageDelta,
+    Welcome,
+)
 from server.backends.base import (
     LOG_RESET,
     Backend,
@@ -188,7 +195,10 @@ class DocumentSession:
         await self.runs.on_edit(conn, message)
         await self.publish(DocumentChanged(
             document_version=message.document_version, user_id=conn.user_id,
-            client_id=conn.client_id, origin=message.origin))
+            client_id=conn.client_id, origin=message.origin, changes=None if
+            message.changes is None else [ChangeSpan(**{"from": c.from_, "to": c.to,
+                                                         "insert": c.insert})
+                                           for c in message.changes]))
         if message.id is not None:
             conn.ack(message.id)
 

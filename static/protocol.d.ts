@@ -1006,6 +1006,28 @@ export interface DocumentChangedEvent {
    * `user`: typed by a person; `agent`: applied by a tool call.
    */
   origin: "user" | "agent";
+  /**
+   * The `editor.change`'s `changes`, when it sent them (1.1): what a run that waited
+   * in the queue meanwhile is judged by when it starts.
+   */
+  changes?: ChangeSpan[];
+}
+/**
+ * One edit: `[from, to)` of the document before it was replaced by `insert` units.
+ */
+export interface ChangeSpan {
+  /**
+   * Start of the replaced range.
+   */
+  from: number;
+  /**
+   * End of the replaced range (exclusive).
+   */
+  to: number;
+  /**
+   * How many units of new content replaced it.
+   */
+  insert: number;
 }
 /**
  * An edit outside the run's scope moved it (1.1, `on_edit: overlap`).

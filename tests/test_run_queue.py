@@ -181,3 +181,52 @@ async def test_the_queue_is_shared_by_two_instances() -> None:
                                        and e.get("run_id") == "b-6")
         assert started["user_id"] == "bob" and started["client_id"] == "b"
         assert (await bob.recv_until(finished("b-6")))["status"] == "completed"
+
+
+async def _edit(client: Client, version: int, at: int, insert: int, remove: int = 0) -> None:
+    await client.send({"type": "editor.change", "document_version": version, "origin": "user",
+                       "changes": [{"from": at, "to": at + remove, "insert": insert}]})
+    await client.recv_until(lambda e: e.get("type") == "document.changed"
+                            and e.get("document_version") == version)
+
+
+async def test_edits_made_while_a_run_waits_move_its_scope_before_it_starts(
+        server: Server) -> None:
+    """Bob's run waits with scope [100, 120) at version 1; Alice types 50 characters at
+    the start (version 2). When Bob's run starts, it is at version 2 with its scope at
+    [150, 170): an edit at 110 moves it, one at 160 ends it. It used to start with
+    version 1 and [100, 120), so the edit in its real text went through."""
+    document = {"text": "x" * 300, "version": 1}
+    async with joined(server) as (alice, _), joined(server, sub="bob", client_id="b") as (bob, _):
+        await start(alice, WAITS, run_id="a-edit")
+        await alice.recv_until("tool.call")
+        await start(bob, WAITS, run_id="b-edit", options={"if_busy": "enqueue",
+                                                          "on_edit": "overlap"},
+                    context={"document": document, "scope": [{"from": 100, "to": 120}]})
+        await _edit(alice, 2, 0, 50)  # Alice's own run (on_edit abort) ends with it
+        assert (await alice.recv_until(finished("a-edit")))["reason"] == "document_changed"
+        tool_call = await bob.recv_until(lambda e: e.get("type") == "tool.call"
+                                         and e.get("run_id") == "b-edit")
+        assert tool_call["document_version"] == 2  # was 1
+        await _edit(alice, 3, 110, 1)  # before its scope now: it moves
+        moved = await bob.recv_until("run.scope")
+        assert moved["scope"] == [{"from": 151, "to": 171}]
+        await _edit(alice, 4, 160, 1)  # inside it: the run ends
+        ended = await bob.recv_until(finished("b-edit"))
+        assert (ended["status"], ended["reason"]) == ("aborted", "document_changed")
+
+
+async def test_a_persons_edit_while_a_default_run_waits_ends_it_unstarted(
+        server: Server) -> None:
+    async with joined(server) as (alice, _), joined(server, sub="bob", client_id="b") as (bob, _):
+        await start(alice, WAITS, run_id="a-x")
+        tool_call = await alice.recv_until("tool.call")
+        await enqueue(bob, WAITS, "b-x")  # on_edit "abort", the default
+        await alice.send({"type": "editor.change", "document_version": 2, "origin": "agent"})
+        await _edit(bob, 3, 0, 1)  # Bob types while his own run waits
+        ended = await bob.recv_until(finished("b-x"))
+        assert (ended["status"], ended["reason"], ended["steps"]) == (
+            "aborted", "document_changed", 0)
+        assert not of_run(bob.events, "b-x", "run.started")
+        assert (await alice.recv_until(finished("a-x")))["reason"] == "document_changed"
+        del tool_call  # the same edit ended the active run (on_edit "abort")

@@ -27,11 +27,14 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from protocol.base import WireModel
 from protocol.client import RunCancel, RunStart
 from protocol.codes import ErrorCode
 from protocol.server import Error, RunError, RunFinished, RunQueued, RunSnapshot
 from server.agent.environment import RunEnvironment
+from server.agent.queue_edits import judge_waited
 from server.agent.run_state import RunState
 from server.backends.base import BackendUnavailable, UnloggableEvent
 from server.connection import Peer
@@ -71,6 +74,14 @@ class QueuedPeer:
         return None
 
 
+def _failed(entry: dict[str, Any], refusal: RunError | None) -> RunFinished:
+    error = refusal or RunError(code=ErrorCode.UNAVAILABLE, message=UNSTARTED)
+    if error.code == ErrorCode.UNAVAILABLE:
+        error = RunError(code=error.code, message=UNSTARTED)
+    return RunFinished(run_id=str(entry["run_id"]), status="failed", reason=error.code,
+                       error=error, steps=0)
+
+
 class RunQueueMixin:
     """Queue handling of `RunCoordinator` (which provides these attributes)."""
 
@@ -93,9 +104,10 @@ class RunQueueMixin:
     async def _enqueue(self, peer: Peer, message: RunStart) -> None:
         settings, registry = self.env.settings, self.env.registry
         run_id = message.run_id or f"run_{uuid.uuid4().hex[:16]}"
+        head = await registry.head(self.document_id)  # edits after it: see queue_edits
         entry = {"run_id": run_id, "user_id": peer.user_id, "client_id": peer.client_id,
                  "mode": message.mode, "message": message.model_copy(
-                     update={"run_id": run_id}).to_wire()}
+                     update={"run_id": run_id}).to_wire(), "since": [head.epoch, head.last_seq]}
         position = await registry.enqueue_run(self.document_id, entry,
                                               settings.max_queued_runs)
         if position is None:
@@ -136,6 +148,15 @@ class RunQueueMixin:
                     await registry.release_run(self.document_id, state.run_id,
                                                self.env.instance_id)
                     return  # cancelled (or started elsewhere) meanwhile
+                caught_up = judge_waited(state, await self._waited(entry))
+                if caught_up is None:  # a person's edit meanwhile ends it, as if it ran
+                    await registry.release_run(self.document_id, state.run_id,
+                                               self.env.instance_id)
+                    self._track(self._end_unstarted(entry, RunFinished(
+                        run_id=state.run_id, status="aborted", reason="document_changed",
+                        steps=0)))
+                    return
+                state = caught_up
             except BackendUnavailable:
                 logger.warning("the run queue could not be read: backend unavailable",
                                extra={"document_id": self.document_id})
@@ -146,8 +167,20 @@ class RunQueueMixin:
             except BackendUnavailable:
                 started, peer.refusal = False, None
             if not started:  # out of the queue, never announced: it must still end
-                self._track(self._end_unstarted(entry, peer.refusal or RunError(
-                    code=ErrorCode.UNAVAILABLE, message=UNSTARTED)))
+                self._track(self._end_unstarted(entry, _failed(entry, peer.refusal)))
+
+    async def _waited(self, entry: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """The `document.changed` events logged since the run was queued (None: the log
+        no longer holds them all); none known for an entry queued without `since`."""
+        since = entry.get("since")
+        if not isinstance(since, list) or len(since) != 2:
+            return []
+        logged = await self.env.registry.read_after(self.document_id, str(since[0]),
+                                                    int(since[1]))
+        if not isinstance(logged, list):
+            return None
+        return [orjson.loads(event.frame) for event in logged
+                if event.type == "document.changed"]
 
     def _kick_later(self, delay_s: float) -> None:
         if not self.env.draining:
@@ -158,20 +191,17 @@ class RunQueueMixin:
         self._kicks.add(task)
         task.add_done_callback(self._kicks.discard)
 
-    async def _end_unstarted(self, entry: dict[str, Any], error: RunError) -> None:
-        """`run.finished` `failed` for a queued run whose start could not be announced,
+    async def _end_unstarted(self, entry: dict[str, Any], ended: RunFinished) -> None:
+        """`ended` (`steps: 0`) for a queued run that did not start: `failed` when its
+        start could not be announced, `aborted` when an edit while it waited ended it;
         logged once the backend takes it; then the next queued run's turn."""
         run_id = str(entry["run_id"])
-        if error.code == ErrorCode.UNAVAILABLE:
-            error = RunError(code=error.code, message=UNSTARTED)
-        ended = RunFinished(run_id=run_id, status="failed", reason=error.code, error=error,
-                            steps=0)
         delay, deadline = QUEUE_RETRY_S / 8, time.monotonic() + UNSTARTED_RETRY_S
         while True:
             try:
                 await self.log.publish_many([ended])
                 await self.env.registry.put_run_record(self.document_id, run_id, {
-                    "status": "failed", "user_id": entry["user_id"],
+                    "status": ended.status, "user_id": entry["user_id"],
                     "client_id": entry["client_id"]})
                 break
             except BackendUnavailable:
@@ -184,7 +214,7 @@ class RunQueueMixin:
             except UnloggableEvent:  # cannot happen for these fields; never loop on it
                 logger.exception("queued run %s could not be ended", run_id)
                 return
-        self.env.metrics.runs.labels("failed").inc()
+        self.env.metrics.runs.labels(ended.status).inc()
         self.kick()
 
     async def _cancel_queued(self, peer: Peer, message: RunCancel) -> bool:
