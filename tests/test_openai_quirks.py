@@ -6,6 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 import pytest
 
 from tests.fake_openai import FakeOpenAI, Reply, chunk, running_fake_openai
@@ -174,3 +175,11 @@ async def test_a_long_thread_sends_only_what_fits_the_history_budget(fake: FakeO
         "answer 3: ddd")  # the newest turn, its start and end kept
     assert "characters left out" in earlier[-1]["content"]
     assert earlier[-1]["content"].endswith("ddd")
+
+
+async def test_a_stream_is_taken_whatever_the_case_of_its_content_type(fake: FakeOpenAI) -> None:
+    body = b"".join(b"data: " + orjson.dumps(event) + b"\n\n" for event in (
+        chunk({"content": "fine"}), chunk({}, "stop"))) + b"data: [DONE]\n\n"
+    finished, seen = await run_once(fake, Reply(body=body, content_type="Text/Event-Stream"))
+    assert finished["status"] == "completed"  # media types are case-insensitive
+    assert [e["delta"] for e in seen if e["type"] == "message.delta"] == ["fine"]

@@ -145,3 +145,22 @@ async def test_a_quiet_healthy_pubsub_connection_is_kept(monkeypatch: pytest.Mon
         assert backend.reconnects == 0
         await backend.append("doc", {"type": "document.changed", "document_version": 1})
         await _until(lambda: [e.seq for e in seen] == [1])
+
+
+async def test_a_catch_up_that_fails_does_not_end_the_subscriber() -> None:
+    """Pub/sub back, but Redis cannot run scripts yet (loading after a restart; here
+    paused): catching up failed with BackendUnavailable, which ended the subscriber for
+    good; it retries, and later events arrive."""
+    async with redis_process() as proc, started(proc.url) as listening, \
+            started(proc.url) as writing, \
+            aioredis.Redis(port=proc.port) as admin:
+        seen: list[LoggedEvent] = []
+        await listening.subscribe("doc", seen.append)
+        await writing.append("doc", {"type": "document.changed", "document_version": 1})
+        await _until(lambda: [e.seq for e in seen] == [1])
+        await admin.execute_command(  # type: ignore[no-untyped-call]
+            "CLIENT", "PAUSE", "3000", "WRITE")
+        await admin.client_kill_filter(_type="pubsub")
+        await asyncio.sleep(3.5)
+        await writing.append("doc", {"type": "document.changed", "document_version": 2})
+        await _until(lambda: [e.seq for e in seen] == [1, 2], timeout=10)

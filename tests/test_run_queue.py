@@ -230,3 +230,19 @@ async def test_a_persons_edit_while_a_default_run_waits_ends_it_unstarted(
         assert not of_run(bob.events, "b-x", "run.started")
         assert (await alice.recv_until(finished("a-x")))["reason"] == "document_changed"
         del tool_call  # the same edit ended the active run (on_edit "abort")
+
+
+async def test_a_run_that_waited_behind_more_than_the_log_keeps_still_starts() -> None:
+    """Nobody edited; the run before it logged more events than the log keeps, so its
+    wait cannot be read back: that is not a person's edit (it ended `aborted` /
+    `document_changed`); it starts, and its model is told the document may have changed."""
+    async with running_server(log_max_events=20) as srv, joined(srv) as (alice, _), \
+            joined(srv, sub="bob", client_id="b") as (bob, _):
+        long_answer = script({"tool_calls": [call("read_document")]},
+                             {"say": "word " * 40}, chunk_chars=4, delay_ms=2)
+        await start(alice, long_answer, run_id="a-long")
+        tool_call = await alice.recv_until("tool.call")
+        await enqueue(bob, script({"say": "bob"}), "b-after")
+        await answer(alice, tool_call, {"text": "doc"})
+        assert (await alice.recv_until(finished("a-long")))["status"] == "completed"
+        assert (await bob.recv_until(finished("b-after"), timeout=10))["status"] == "completed"

@@ -18,7 +18,8 @@ from server.agent.edits import Edit, judge_edit
 from server.agent.run_state import RunState
 
 WAITED = "while this run waited in the queue"
-UNKNOWN = {"origin": "user", "user_id": "someone", "document_version": None, "changes": None}
+UNKNOWN = {"user_id": "someone", "document_version": None, "changes": None,
+           "summary": f"maybe, {WAITED} (too much happened to tell)"}
 
 
 def _changes(event: dict[str, Any]) -> tuple[Edit, ...] | None:
@@ -31,8 +32,11 @@ def _changes(event: dict[str, Any]) -> tuple[Edit, ...] | None:
 def judge_waited(state: RunState, changed: list[dict[str, Any]] | None) -> RunState | None:
     """`state` after the `document.changed` events (decoded) logged while it waited, or
     None when one of them ends it. `changed` None: the log no longer holds them all
-    (trimmed, or Redis lost it), which counts as a person's edit with no ranges."""
-    for event in UNKNOWN_EDITS if changed is None else changed:
+    (the runs before it logged more than the log keeps, or Redis lost it): nothing is
+    known, so nothing ends it, and the model is told the document may have changed."""
+    if changed is None:
+        return state.evolve(edits=(*state.edits, UNKNOWN))
+    for event in changed:
         user, version = str(event.get("user_id")), event.get("document_version")
         changes = _changes(event)
         if event.get("origin") == "agent":
@@ -48,5 +52,3 @@ def judge_waited(state: RunState, changed: list[dict[str, Any]] | None) -> RunSt
         state = verdict.state
     return state
 
-
-UNKNOWN_EDITS = [UNKNOWN]

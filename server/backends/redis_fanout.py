@@ -140,7 +140,9 @@ class RedisFanOut:
                     self._deliver(document_id, None, LoggedEvent(int(seq), event_type, frame))
             except asyncio.CancelledError:
                 raise
-            except (RedisError, OSError) as exc:  # said once per outage, not per attempt
+            except (RedisError, OSError, BackendUnavailable) as exc:  # once per outage
+                # BackendUnavailable: catching up (head, read_after) failed, e.g. Redis
+                # still loading after a restart; the loop ended there for good.
                 logger.log(logging.DEBUG if down else logging.WARNING,
                            "redis pub/sub lost (%s); reconnecting", exc)
                 down = True
