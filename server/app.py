@@ -123,6 +123,32 @@ def _is_loopback(request: Request) -> bool:
         return False
 
 
+def _loopback_name(host: str) -> bool:
+    """`localhost`, `127.0.0.1`, `[::1]`, with or without a port."""
+    if host.startswith("["):  # [::1] or [::1]:8000
+        name = host[1:host.find("]")] if "]" in host else ""
+    else:
+        name = host.split(":", 1)[0]
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _dev_request_is_local(request: Request) -> bool:
+    """A loopback peer is not enough: a page whose DNS name was rebound to 127.0.0.1 is
+    one, and a cross-site `text/plain` POST needs no preflight. So the Host must be a
+    loopback name, the body declared JSON, and an Origin, if sent, this server's."""
+    host = request.headers.get("host", "")
+    origin = request.headers.get("origin")
+    json_body = request.headers.get("content-type", "").split(";")[0].strip().lower() == \
+        "application/json"
+    return _loopback_name(host) and json_body and (
+        origin is None or origin in (f"http://{host}", f"https://{host}"))
+
+
 def _json(data: Any, status_code: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status_code, media_type="application/json")
 
@@ -223,6 +249,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
     async def dev_token(request: Request) -> Response:
         if not settings.dev or not _is_loopback(request):
             return _json({"error": "not found"}, 404)
+        if not _dev_request_is_local(request):
+            return _json({"error": "forbidden: a loopback Host, a JSON body and no other "
+                                   "site's Origin are required"}, 403)
         try:
             body = DevTokenRequest.model_validate_json(await request.body())
         except ValidationError as exc:

@@ -286,6 +286,9 @@ async def post_agui(request: Request) -> Response:
     document_id: str = request.path_params["document_id"]
     try:
         check_document(document_id)
+        # The caller first: the body was read (up to the size limit, without a deadline)
+        # before the token was looked at, so anyone could hold memory and sockets.
+        principal_for(services, bearer_token(request), document_id)
         data = _parse(await read_object(request, services))
         run, start = await _open(services, request.app.state.chat_runs, document_id,
                                  request, data)

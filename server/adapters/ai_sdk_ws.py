@@ -24,13 +24,14 @@ import orjson
 from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from protocol.parsing import ParseFailure, decode_frame
+from protocol.parsing import decode_frame
 from server.adapters.ai_sdk import CHAT_ID, KIND, open_segment, parse_request
 from server.adapters.ai_sdk_chunks import AiSdkTranslator, Chunk
 from server.adapters.chat import ChatRun, ChatRuns
 from server.adapters.http import DOCUMENT_ID, HttpFailure, principal_for
 from server.agent.work import new_ref
 from server.backends.base import BackendUnavailable
+from server.limits import HandshakeGate, InvalidStreak, TokenBucket
 from server.services import Services
 
 logger = logging.getLogger("cowrite.adapters")
@@ -45,6 +46,10 @@ class _Socket:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.request_runs: dict[str, ChatRun[Chunk]] = {}
         self.aborted: set[str] = set()  # requests aborted before their run was known
+        self.viewing: set[str] = set()  # requests of a viewer: an abort stops the stream only
+        self.authenticated = False  # a request with a good token was made on it
+        self.on_authenticated: Callable[[], None] = lambda: None
+        self.waiting: asyncio.Timeout | None = None  # the deadline of the read under way
 
     async def write(self, frame: dict[str, Any]) -> None:
         async with self.lock:
@@ -60,19 +65,40 @@ class _Socket:
         return self.ws.query_params.get("token")
 
     async def serve(self) -> None:
-        limit = self.services.settings.max_message_bytes
+        """Requests until the peer goes. Like the document socket, a socket must make an
+        authenticated request within `COWRITE_HELLO_TIMEOUT_S` (4001), counts against
+        the handshake cap until it has, and meets the per-connection message rate and
+        invalid-frame limits (4400): sockets with no token were held for ever, and
+        their frames (1 MB each) parsed and dropped without limit."""
+        settings = self.services.settings
+        limit, deadline = settings.max_message_bytes, settings.hello_timeout_s
+        bucket = TokenBucket(settings.rate_messages_per_s, settings.rate_messages_per_s * 2)
+        streak = InvalidStreak(settings.max_invalid_messages)
         while True:
-            message = await self.ws.receive()
+            try:
+                self.waiting = asyncio.timeout(None if self.authenticated else deadline)
+                async with self.waiting:
+                    message = await self.ws.receive()
+            except TimeoutError:
+                await self.ws.close(4001, "no authenticated request in time")
+                return
             if message["type"] == "websocket.disconnect":
                 return
             text = message.get("text")
-            if text is None or len(text.encode()) > limit:
-                continue  # no request id to answer; WebSocketChatTransport never sends these
-            frame = decode_frame(text, self.services.settings.max_json_depth)
-            if isinstance(frame, ParseFailure):
+            frame = decode_frame(text, settings.max_json_depth) \
+                if text is not None and len(text.encode()) <= limit else None
+            request_id = frame.get("requestId") if isinstance(frame, dict) else None
+            if not isinstance(frame, dict) or not isinstance(request_id, str) or \
+                    not 0 < len(request_id) <= 128:
+                # no request id to answer; WebSocketChatTransport never sends these
+                if streak.record_invalid():
+                    await self.ws.close(4400, "too many invalid frames in a row")
+                    return
                 continue
-            request_id = frame.get("requestId")
-            if not isinstance(request_id, str) or not 0 < len(request_id) <= 128:
+            streak.record_valid()
+            if bucket.take():
+                await self.write({"type": "error", "requestId": request_id, "errorText":
+                                  "rate_limited: too many messages on this socket"})
                 continue
             kind = frame.get("type")
             if kind == "abort":
@@ -105,6 +131,13 @@ class _Socket:
         try:
             principal = principal_for(self.services, self._token(frame), self.document_id,
                                       write=frame["type"] == "send")
+            if not self.authenticated:
+                self.authenticated = True
+                self.on_authenticated()
+                if self.waiting is not None:  # the read under way no longer has a deadline
+                    self.waiting.reschedule(None)
+            if principal.role == "viewer":  # a viewer's abort cancelled the run it followed
+                self.viewing.add(request_id)
             if frame["type"] == "send":
                 given = frame.get("body")
                 body: dict[str, Any] = given if isinstance(given, dict) else {}
@@ -125,7 +158,7 @@ class _Socket:
                 last = frame.get("lastSequence")
                 skip = last + 1 if isinstance(last, int) and last >= 0 else 0
             if request_id in self.aborted:  # aborted while the run started: it ends now
-                if not run.finished:
+                if not run.finished and request_id not in self.viewing:
                     await run.cancel()
                 return
             self.request_runs[request_id] = run
@@ -150,6 +183,7 @@ class _Socket:
                                   "errorText": f"internal: internal error (ref {ref})"})
         finally:
             self.request_runs.pop(request_id, None)
+            self.viewing.discard(request_id)
 
     async def _pump(self, request_id: str, chunks: AsyncIterator[Chunk], skip: int) -> None:
         sequence = 0
@@ -171,7 +205,7 @@ class _Socket:
             return
         if task is not None:
             task.cancel()
-        if not run.finished:
+        if not run.finished and request_id not in self.viewing:
             await run.cancel()
 
     async def close(self) -> None:
@@ -190,13 +224,29 @@ async def ai_sdk_socket(ws: WebSocket) -> None:
     if allowed and origin is not None and origin not in allowed:
         await ws.send_denial_response(PlainTextResponse("origin not allowed", status_code=403))
         return
-    await ws.accept()
+    gate: HandshakeGate = ws.app.state.handshakes
+    if not gate.enter():
+        services.metrics.handshakes_refused.inc()
+        await ws.send_denial_response(PlainTextResponse(
+            "too many connections are still handshaking; retry shortly", status_code=503,
+            headers={"Retry-After": "1"}))
+        return
+    pending = [True]
+
+    def authenticated() -> None:
+        if pending:
+            pending.clear()
+            gate.leave()
+
     socket = _Socket(ws, services, ws.app.state.chat_runs, document_id)
+    socket.on_authenticated = authenticated
     try:
+        await ws.accept()
         await socket.serve()
     except WebSocketDisconnect:
         pass
     finally:
+        authenticated()
         await socket.close()
         with contextlib.suppress(Exception):
             await ws.close()

@@ -8,6 +8,7 @@ edge's own `decode_frame`, so the depth and 64-bit integer limits are the
 same on both edges.
 """
 
+import asyncio
 import logging
 import re
 from typing import Any
@@ -86,6 +87,10 @@ def principal_for(services: Services, token: str | None, document_id: str,
     return principal
 
 
+BODY_TIMEOUT_S = 30.0
+"""How long a request body may take to arrive (a megabyte needs well under a second)."""
+
+
 def bearer_token(request: Request) -> str | None:
     scheme, _, value = request.headers.get("authorization", "").partition(" ")
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
@@ -98,10 +103,15 @@ async def read_object(request: Request, services: Services) -> dict[str, Any]:
     if declared.isdigit() and int(declared) > limit:
         raise HttpFailure(ErrorCode.TOO_LARGE, f"body larger than {limit} bytes")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise HttpFailure(ErrorCode.TOO_LARGE, f"body larger than {limit} bytes")
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):  # a body trickled in held its socket
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise HttpFailure(ErrorCode.TOO_LARGE, f"body larger than {limit} bytes")
+    except TimeoutError:
+        raise HttpFailure(ErrorCode.INVALID_MESSAGE, f"body not received within "
+                          f"{BODY_TIMEOUT_S:g} s", status=408) from None
     decoded = decode_frame(bytes(body), services.settings.max_json_depth, "body")
     if isinstance(decoded, ParseFailure):
         raise HttpFailure(decoded.code, decoded.message, details=decoded.details)
