@@ -48,7 +48,7 @@ from server.outbound import CloseRequest, Outbound
 from server.services import Services
 from server.session import DocumentSession
 from server.tasks import ExpiryWheel
-from server.transport import TRANSPORT_KEY, finish_close
+from server.transport import TRANSPORT_KEY, closer, finish_close
 from server.wsprotocol import HELLO_MAX_BYTES, LeanSansIOProtocol, frame_limit, limit_messages
 
 logger = logging.getLogger("cowrite.endpoint")
@@ -80,24 +80,19 @@ async def document_socket(ws: WebSocket) -> None:
         logger.warning("refused origin %s", origin[:200], extra={"document_id": document_id})
         await ws.send_denial_response(PlainTextResponse("origin not allowed", status_code=403))
         return
-    if not gate.enter():
-        services.metrics.handshakes_refused.inc()
-        await ws.send_denial_response(PlainTextResponse(
-            "too many connections are still handshaking; retry shortly", status_code=503,
-            headers={"Retry-After": "1"}))
-        return
+    ticket = gate.enter(closer(ws.scope, services.metrics.handshakes_refused.inc))
     try:
         offered = [p.strip() for p in (_header(ws, "sec-websocket-protocol") or "").split(",")]
         limit_messages(ws.scope.get(TRANSPORT_KEY), HELLO_MAX_BYTES)  # until the hello
         await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
     except BaseException:
-        gate.leave()
+        gate.leave(ticket)
         raise
     services.metrics.connections_open.inc()
     try:
         # Two phases, so that nothing of the handshake (the hello, its token,
         # the frames that read it) stays alive while the connection idles.
-        opened = await _open(ws, services, gate, document_id)
+        opened = await _open(ws, services, gate, ticket, document_id)
         if opened is not None:
             await _live(ws, services, *opened)
     except WebSocketDisconnect:
@@ -156,7 +151,7 @@ def _bearer(ws: WebSocket) -> str | None:
 
 
 async def _open(
-    ws: WebSocket, services: Services, gate: HandshakeGate, document_id: str
+    ws: WebSocket, services: Services, gate: HandshakeGate, ticket: int, document_id: str
 ) -> tuple[Connection, DocumentSession] | None:
     """The handshake: a valid `hello`, its token, the grant, the user's
     connection cap, then the join (welcome queued). Returns the joined
@@ -165,7 +160,7 @@ async def _open(
     try:
         hello = await _read_hello(ws, services)
     finally:
-        gate.leave()
+        gate.leave(ticket)
     if hello is None:
         return None
     try:

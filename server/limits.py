@@ -53,27 +53,40 @@ class InvalidStreak:
 
 
 class HandshakeGate:
-    """Sockets accepted but not yet past `hello`, per instance (section 1).
+    """Sockets accepted but not yet past `hello` (or, on the AI SDK socket, a request
+    with a good token), per instance (section 1).
 
-    A peer that opens sockets and never says hello holds each one for the
-    hello timeout; beyond `limit` of them new upgrades are refused (HTTP 503)
-    before accept, so such a flood costs no WebSocket state. 0 disables it.
+    A peer that opens sockets and never says hello holds each one for the hello
+    timeout. Beyond `limit` of them the oldest pending socket is closed to make room
+    (`evict`): they used to refuse every new upgrade (503), so ~50 tokenless sockets a
+    second kept every user out, while now a real client, whose hello follows its
+    upgrade within milliseconds, is through before a flood reaches it. 0 disables it.
     """
 
-    __slots__ = ("limit", "pending", "refused")
+    __slots__ = ("_next", "_waiting", "evicted", "limit")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.pending = 0
-        self.refused = 0
+        self.evicted = 0
+        self._waiting: dict[int, Callable[[], None]] = {}  # oldest first
+        self._next = 0
 
-    def enter(self) -> bool:
-        """Count one more pending handshake; False (nothing counted) when full."""
-        if self.limit and self.pending >= self.limit:
-            self.refused += 1
-            return False
-        self.pending += 1
-        return True
+    @property
+    def pending(self) -> int:
+        return len(self._waiting)
 
-    def leave(self) -> None:
-        self.pending -= 1
+    def enter(self, evict: Callable[[], None]) -> int:
+        """Count one more pending handshake, closing the oldest (`evict`) when full; the
+        ticket to `leave` with."""
+        if not self.limit:
+            return -1
+        if len(self._waiting) >= self.limit:
+            oldest = next(iter(self._waiting))
+            self._waiting.pop(oldest)()
+            self.evicted += 1
+        self._next += 1
+        self._waiting[self._next] = evict
+        return self._next
+
+    def leave(self, ticket: int) -> None:
+        self._waiting.pop(ticket, None)

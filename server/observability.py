@@ -142,7 +142,7 @@ class Metrics:
             ["code"], registry=self.registry,
         )
         self.handshakes_refused = Counter(
-            "cowrite_handshakes_refused", "Upgrades refused (503): too many sockets before hello",
+            "cowrite_handshakes_refused", "Sockets closed before hello to make room (the cap)",
             registry=self.registry,
         )
         self.runs = Counter(

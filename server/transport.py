@@ -10,7 +10,7 @@ buffers at once.
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 logger = logging.getLogger("cowrite.transport")
@@ -63,3 +63,14 @@ async def finish_close(close: Awaitable[None], transport: asyncio.WriteTransport
         logger.info("peer did not read its close frame within %.1f s; aborting", timeout_s)
         with contextlib.suppress(Exception):
             transport.abort()
+
+
+def closer(scope: Mapping[str, Any], counted: Callable[[], None]) -> Callable[[], None]:
+    """A callback that closes the connection of `scope` (its transport), calling `counted`
+    first: how the handshake gate makes room by closing the oldest pending socket."""
+    def close() -> None:
+        counted()
+        transport = scope.get(TRANSPORT_KEY)
+        if transport is not None:
+            transport.close()
+    return close

@@ -281,12 +281,24 @@ def test_integers_beyond_64_bits_are_refused() -> None:
     assert not has_out_of_range_int('{"s":"18446744073709551616123"}')
 
 
-def test_handshake_gate_counts_pending_sockets() -> None:
+def test_handshake_gate_closes_the_oldest_pending_socket_to_make_room() -> None:
+    closed: list[str] = []
     gate = HandshakeGate(2)
-    assert gate.enter() and gate.enter() and not gate.enter()
-    gate.leave()
-    assert gate.enter() and gate.refused == 1
-    assert all(HandshakeGate(0).enter() for _ in range(1000))
+    first = gate.enter(lambda: closed.append("first"))
+    second = gate.enter(lambda: closed.append("second"))
+    assert gate.pending == 2 and closed == []
+    third = gate.enter(lambda: closed.append("third"))  # full: the oldest goes
+    assert closed == ["first"] and gate.pending == 2 and gate.evicted == 1
+    gate.leave(first)  # its own leave, later, changes nothing
+    gate.leave(second)
+    assert gate.pending == 1
+    gate.enter(lambda: closed.append("fourth"))
+    assert closed == ["first"] and gate.pending == 2
+    gate.leave(third)
+    unlimited = HandshakeGate(0)
+    for _ in range(1000):
+        unlimited.enter(lambda: closed.append("never"))
+    assert "never" not in closed and unlimited.pending == 0
 
 
 @pytest.mark.parametrize(

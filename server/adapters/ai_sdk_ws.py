@@ -33,6 +33,7 @@ from server.agent.work import new_ref
 from server.backends.base import BackendUnavailable
 from server.limits import HandshakeGate, InvalidStreak, TokenBucket
 from server.services import Services
+from server.transport import closer
 
 logger = logging.getLogger("cowrite.adapters")
 MAX_IN_FLIGHT = 32
@@ -225,18 +226,11 @@ async def ai_sdk_socket(ws: WebSocket) -> None:
         await ws.send_denial_response(PlainTextResponse("origin not allowed", status_code=403))
         return
     gate: HandshakeGate = ws.app.state.handshakes
-    if not gate.enter():
-        services.metrics.handshakes_refused.inc()
-        await ws.send_denial_response(PlainTextResponse(
-            "too many connections are still handshaking; retry shortly", status_code=503,
-            headers={"Retry-After": "1"}))
-        return
-    pending = [True]
+
+    ticket = gate.enter(closer(ws.scope, services.metrics.handshakes_refused.inc))
 
     def authenticated() -> None:
-        if pending:
-            pending.clear()
-            gate.leave()
+        gate.leave(ticket)
 
     socket = _Socket(ws, services, ws.app.state.chat_runs, document_id)
     socket.on_authenticated = authenticated
