@@ -215,6 +215,11 @@ def test_disabled_python_tool_is_not_offered() -> None:
      "`approval` names tools missing from `tools`: b"),
     ('[[workflows]]\nname = "w"\nmode = "chat"\ntools = ["a"]\n', "a chat workflow uses no tools"),
     ('[[tools]]\nimport = "not an import string"\n', "tools[0].import"),
+    # values of the wrong TOML type are errors, not converted (they were taken)
+    ('[[tools]]\nimport = "x:y"\ntimeout_s = "5"\n', "tools[0].timeout_s"),
+    ('[[mcp]]\nname = "a"\ncommand = ["x"]\nrequires_approval = "no"\n',
+     "mcp[0].requires_approval"),
+    ('[[workflows]]\nname = "w"\nmax_steps = "8"\n', "workflows[0].max_steps"),
 ])
 def test_invalid_config_is_one_clear_line(toml: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:

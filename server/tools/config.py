@@ -27,7 +27,9 @@ class ConfigError(Exception):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # strict: a value of the wrong TOML type is an error, not converted (`timeout_s = "5"`
+    # was taken as 5, `requires_approval = "no"` as false)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
 
 
 class PythonToolConfig(_Strict):
@@ -47,7 +49,7 @@ class McpServerConfig(_Strict):
     name: str = Field(pattern=MCP_SERVER_NAME)
     command: list[str] | None = Field(default=None, min_length=1)
     env: dict[str, str] | None = None
-    cwd: Path | None = None
+    cwd: Path | None = Field(default=None, strict=False)  # TOML has no path type
     url: str | None = Field(default=None, pattern=r"^https?://")
     headers: dict[str, str] | None = None
     enabled: bool = True
