@@ -29,7 +29,6 @@ from protocol.server import (
     Welcome,
 )
 from server.backends.base import (
-    LOG_RESET,
     Backend,
     BackendUnavailable,
     LoggedEvent,
@@ -112,7 +111,7 @@ class DocumentSession:
         self.connections[conn.session_id] = conn
         if not self._subscribed:
             self._subscribed = True
-            await self.backend.subscribe(self.document_id, self._on_event)
+            await self.backend.subscribe(self.document_id, self._on_event, self._log_reset)
         await self.backend.set_presence(self.document_id, _member(conn), True)
 
     async def detach(self, conn: Connection) -> None:
@@ -203,11 +202,12 @@ class DocumentSession:
             conn.ack(message.id)
 
     # -- outbound --------------------------------------------------------------
+    def _log_reset(self) -> None:
+        """Redis lost the log these connections follow: each resumes (`epoch_changed`)."""
+        for conn in list(self.connections.values()):
+            conn.close(CloseCode.INTERNAL_ERROR, "document log reset", drop_pending=True)
+
     def _on_event(self, event: LoggedEvent) -> None:
-        if event.seq == 0 and event.type == LOG_RESET:  # Redis lost the log they followed:
-            for conn in list(self.connections.values()):  # resume, to get epoch_changed
-                conn.close(CloseCode.INTERNAL_ERROR, "document log reset", drop_pending=True)
-            return
         for conn in self.connections.values():
             conn.outbound.push_event(event)
         if event.type == "run.finished":

@@ -48,10 +48,10 @@ EventListener = Callable[[LoggedEvent], None]
 RUN_RECORDS_MAX = 1000
 """Run records kept per document (the newest by first write); older ones are dropped."""
 
-LOG_RESET = "log.reset"
-"""The type of the one `LoggedEvent` (seq 0, no frame) that is not an event: the document's
-log restarted under a new epoch (Redis lost its data: a restart without persistence, a
-failover to an empty replica). What a connection was sent no longer lines up with the log."""
+LogReset = Callable[[], None]
+"""Called when a document's log restarted under a new epoch (Redis lost its data: a
+restart without persistence, a failover to an empty replica): what a listener was
+given no longer lines up with the log."""
 
 
 class BackendUnavailable(Exception):
@@ -200,9 +200,11 @@ class Backend(RunRegistry, Protocol):
         event cannot be serialized."""
         ...
 
-    async def subscribe(self, document_id: str, listener: EventListener) -> None:
+    async def subscribe(self, document_id: str, listener: EventListener,
+                        on_reset: LogReset | None = None) -> None:
         """Deliver every later event of the document to `listener`, in seq order
-        (events appended elsewhere may arrive late; readers fill gaps from the log)."""
+        (events appended elsewhere may arrive late; readers fill gaps from the log);
+        `on_reset` when the log restarts under a new epoch (a shared backend only)."""
         ...
 
     def unsubscribe(self, document_id: str, listener: EventListener) -> None: ...

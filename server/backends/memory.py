@@ -39,6 +39,7 @@ from server.backends.base import (
     EventListener,
     LoggedEvent,
     LogHead,
+    LogReset,
     ResumeFailure,
     RunParts,
     encode_event_body,
@@ -249,7 +250,9 @@ class MemoryBackend(MemoryInstances):
             return "history_truncated"
         return found
 
-    async def subscribe(self, document_id: str, listener: EventListener) -> None:
+    async def subscribe(self, document_id: str, listener: EventListener,
+                        on_reset: LogReset | None = None) -> None:
+        """`on_reset` is never called: this log lives as long as the process."""
         self._touch(document_id)
         self._listeners[document_id].append(listener)
 

@@ -36,6 +36,7 @@ from server.backends.base import (
     EventListener,
     LoggedEvent,
     LogHead,
+    LogReset,
     ResumeFailure,
     RunParts,
     cancel_requested,
@@ -105,6 +106,7 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
         self._put_run_record = self._redis.register_script(PUT_RUN_RECORD_LUA)
         self._presence: dict[str, str] = {}  # member -> document id
         self._listeners: dict[str, list[EventListener]] = defaultdict(list)
+        self._on_reset: dict[str, dict[EventListener, LogReset]] = {}
         self._last_seen: dict[str, tuple[str, int]] = {}
         self._subscribe_lock = asyncio.Lock()
         self._pubsub: Any = None

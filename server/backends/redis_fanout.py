@@ -5,7 +5,7 @@ frame on `cw:live:{doc}`, so pub/sub delivers in seq order. Pub/sub drops what
 is published while a subscriber is away, so each instance notes how far it has
 seen every document it listens to and, once reconnected, reads what it missed
 from the log; a log that came back under another epoch (Redis lost its data) is
-announced to the listeners as `LOG_RESET` instead.
+announced to the subscribers' `on_reset` instead.
 """
 
 import asyncio
@@ -19,11 +19,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from server.backends.base import (
-    LOG_RESET,
     BackendUnavailable,
     EventListener,
     LoggedEvent,
     LogHead,
+    LogReset,
     ResumeFailure,
     cancel_requested,
 )
@@ -41,6 +41,7 @@ class RedisFanOut:
 
     _redis: aioredis.Redis
     _listeners: dict[str, list[EventListener]]
+    _on_reset: dict[str, dict[EventListener, LogReset]]  # document id -> listener's reset
     _last_seen: dict[str, tuple[str, int]]  # document id -> (epoch, last seq seen)
     _subscribe_lock: asyncio.Lock
     _pubsub: Any
@@ -53,9 +54,12 @@ class RedisFanOut:
                          until_seq: int | None = None) -> list[LoggedEvent] | ResumeFailure:
         raise NotImplementedError
 
-    async def subscribe(self, document_id: str, listener: EventListener) -> None:
+    async def subscribe(self, document_id: str, listener: EventListener,
+                        on_reset: LogReset | None = None) -> None:
         first = not self._listeners.get(document_id)
         self._listeners[document_id].append(listener)
+        if on_reset is not None:
+            self._on_reset.setdefault(document_id, {})[listener] = on_reset
         if first:
             async with self._subscribe_lock:
                 if self._pubsub is not None:
@@ -69,6 +73,9 @@ class RedisFanOut:
                     self._last_seen[document_id] = (head.epoch, head.last_seq)
 
     def unsubscribe(self, document_id: str, listener: EventListener) -> None:
+        resets = self._on_reset.get(document_id)
+        if resets is not None and resets.pop(listener, None) is not None and not resets:
+            del self._on_reset[document_id]
         listeners = self._listeners.get(document_id)
         if listeners and listener in listeners:
             listeners.remove(listener)
@@ -101,14 +108,14 @@ class RedisFanOut:
             listener(event)
 
     def _reset(self, document_id: str, epoch: str, last_seq: int) -> None:
-        """The log restarted under `epoch`: listeners get `LOG_RESET` (their connections
-        must resume, and be told `epoch_changed`), then go on from the new log."""
+        """The log restarted under `epoch`: each subscriber's `on_reset` is called (their
+        connections must resume, and be told `epoch_changed`), then the listeners go on
+        from the new log."""
         logger.warning("the log of document %s was reset (Redis lost its data)", document_id,
                        extra={"document_id": document_id})
         self._last_seen[document_id] = (epoch, last_seq)
-        reset = LoggedEvent(0, LOG_RESET, "")
-        for listener in tuple(self._listeners.get(document_id, ())):
-            listener(reset)
+        for on_reset in tuple(self._on_reset.get(document_id, {}).values()):
+            on_reset()
 
     async def _pubsub_loop(self) -> None:
         """Receive live frames; after any reconnect, re-read what was missed."""
