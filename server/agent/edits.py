@@ -33,6 +33,11 @@ def _apply(scope: tuple[Span, ...], changes: tuple[Edit, ...]) -> tuple[Span, ..
     return None if moved is None else tuple((r.from_, r.to) for r in moved)
 
 
+def _follow(scope: tuple[Span, ...], changes: tuple[Edit, ...]) -> tuple[Span, ...]:
+    return tuple((r.from_, r.to) for r in ranges.follow(
+        [ranges.Range(a, b) for a, b in scope], [ranges.Change(f, t, i) for f, t, i in changes]))
+
+
 def judge_edit(state: RunState, user_id: str, origin: str, version: Any, summary: str | None,
                changes: tuple[Edit, ...] | None) -> EditVerdict:
     """The run's answer to one `editor.change`."""
@@ -40,9 +45,7 @@ def judge_edit(state: RunState, user_id: str, origin: str, version: Any, summary
     if origin == "agent":  # the run's own edits never end it; they move and resize its scope
         if not changes or not state.scope:
             return EditVerdict(False, state.evolve(document_version=known))
-        followed = tuple((r.from_, r.to) for r in ranges.follow(
-            [ranges.Range(a, b) for a, b in state.scope],
-            [ranges.Change(f, t, i) for f, t, i in changes]))
+        followed = _follow(state.scope, changes)
         return EditVerdict(False, state.evolve(document_version=known, scope=followed),
                            followed if followed != state.scope else None)
     if state.on_edit == "abort":
@@ -55,10 +58,16 @@ def judge_edit(state: RunState, user_id: str, origin: str, version: Any, summary
         if after is None:
             return EditVerdict(True, state)
         scope = moved = after  # logged even when unmoved: the scope at the new version
-    note = {"user_id": user_id, "document_version": version, "summary": summary,
-            "changes": [list(c) for c in changes] if changes is not None else None}
+    note = edit_note(user_id, version, summary, changes)
     return EditVerdict(False, state.evolve(document_version=known, scope=scope,
                                       edits=(*state.edits, note)), moved)
+
+
+def edit_note(user_id: str, version: Any, summary: str | None,
+              changes: tuple[Edit, ...] | None) -> dict[str, Any]:
+    """One edit as the model will be told of it (`changes_note`)."""
+    return {"user_id": user_id, "document_version": version, "summary": summary,
+            "changes": [list(c) for c in changes] if changes is not None else None}
 
 
 def changes_note(edits: tuple[dict[str, Any], ...]) -> str:

@@ -14,12 +14,11 @@ outside it ended the run.
 
 from typing import Any
 
-from server.agent.edits import Edit, judge_edit
+from server.agent.edits import Edit, edit_note, judge_edit
 from server.agent.run_state import RunState
 
 WAITED = "while this run waited in the queue"
-UNKNOWN = {"user_id": "someone", "document_version": None, "changes": None,
-           "summary": f"maybe, {WAITED} (too much happened to tell)"}
+UNKNOWN = edit_note("someone", None, f"maybe, {WAITED} (too much happened to tell)", None)
 
 
 def _changes(event: dict[str, Any]) -> tuple[Edit, ...] | None:
@@ -41,9 +40,7 @@ def judge_waited(state: RunState, changed: list[dict[str, Any]] | None) -> RunSt
         changes = _changes(event)
         if event.get("origin") == "agent":
             moved = judge_edit(state, user, "agent", version, None, changes).state
-            note = {"user_id": user, "document_version": version,
-                    "summary": f"another run's edit, {WAITED}",
-                    "changes": None if changes is None else [list(c) for c in changes]}
+            note = edit_note(user, version, f"another run's edit, {WAITED}", changes)
             state = moved.evolve(edits=(*moved.edits, note))
             continue
         verdict = judge_edit(state, user, "user", version, WAITED, changes)
