@@ -76,13 +76,16 @@ class _Socket:
         bucket = TokenBucket(settings.rate_messages_per_s, settings.rate_messages_per_s * 2)
         streak = InvalidStreak(settings.max_invalid_messages)
         while True:
-            try:
-                self.waiting = asyncio.timeout(None if self.authenticated else deadline)
-                async with self.waiting:
-                    message = await self.ws.receive()
-            except TimeoutError:
-                await self.ws.close(4001, "no authenticated request in time")
-                return
+            if self.authenticated:
+                message = await self.ws.receive()
+            else:  # a deadline only until a request with a good token
+                try:
+                    self.waiting = asyncio.timeout(deadline)
+                    async with self.waiting:
+                        message = await self.ws.receive()
+                except TimeoutError:
+                    await self.ws.close(4001, "no authenticated request in time")
+                    return
             if message["type"] == "websocket.disconnect":
                 return
             text = message.get("text")
