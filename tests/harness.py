@@ -6,9 +6,10 @@
 
 import asyncio
 import contextlib
+import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -238,3 +239,18 @@ class RawClient:
 
     def close(self) -> None:
         self.writer.close()
+
+
+@contextlib.contextmanager
+def logged(logger_name: str, level: int = logging.DEBUG) -> Iterator[list[str]]:
+    """The messages `logger_name` logs at `level` or above while the block runs (a handler
+    of its own: the app's logging setup replaces the handlers of "cowrite" itself)."""
+    lines: list[str] = []
+    handler = logging.Handler(level)
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger(logger_name)
+    logger.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)

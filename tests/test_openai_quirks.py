@@ -2,7 +2,6 @@
 at all, malformed chunks, quirky tool calls and usage, errors inside the stream, a
 provider quoting the API key. The real `openai` SDK against tests/fake_openai.py."""
 
-import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -10,7 +9,7 @@ import orjson
 import pytest
 
 from tests.fake_openai import FakeOpenAI, Reply, chunk, running_fake_openai
-from tests.harness import joined, running_server
+from tests.harness import joined, logged, running_server
 from tests.runs import answer, start
 
 KEY = "sk-live-QUOTEDKEY0123456789"
@@ -124,28 +123,15 @@ async def test_an_error_inside_the_stream_keeps_its_kind(fake: FakeOpenAI) -> No
     failed_with(finished, "server error", "server_error")  # was kind bad_request
 
 
-class Recorder(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 async def test_a_provider_quoting_the_key_does_not_put_it_in_the_log(fake: FakeOpenAI) -> None:
-    recorder = Recorder()
     body = {"error": {"message": f"Incorrect API key provided: {KEY}", "type": "auth"}}
-    logging.getLogger("cowrite.agent").addHandler(recorder)
-    try:
+    with logged("cowrite.agent") as lines:
         finished, _ = await run_once(fake, Reply(http_status=401, error_body=body),
                                      Reply(http_status=401, error_body=body))
-    finally:
-        logging.getLogger("cowrite.agent").removeHandler(recorder)
     failed_with(finished, "HTTP 401", "auth")
-    logged = "\n".join(recorder.lines)
-    assert "Incorrect API key provided" in logged  # the provider's words are logged,
-    assert KEY not in logged and KEY[:12] not in logged  # its key is not
+    text = "\n".join(lines)
+    assert "Incorrect API key provided" in text  # the provider's words are logged,
+    assert KEY not in text and KEY[:12] not in text  # its key is not
 
 
 async def test_a_silent_upstream_fails_after_the_configured_timeout(fake: FakeOpenAI) -> None:

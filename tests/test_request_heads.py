@@ -12,7 +12,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from server import httpguard
-from tests.harness import Server, joined, running_server
+from tests.harness import Server, joined, logged, running_server
 
 UPGRADE = (b"GET /v1/documents/doc-1/ws HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n"
            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
@@ -89,26 +89,13 @@ async def test_a_head_that_does_not_arrive_in_time_is_408(monkeypatch: pytest.Mo
         assert status(served) == 200
 
 
-class Recorder(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 async def test_a_refused_upgrade_is_answered_without_an_error_in_the_log(server: Server) -> None:
-    recorder = Recorder()
-    logging.getLogger("uvicorn.error").addHandler(recorder)
-    try:
+    with logged("uvicorn.error", logging.WARNING) as lines:
         for path, refused in (("/v1/documents/%00/ws", 404), ("/no/such/socket", 403)):
             with pytest.raises(InvalidStatus) as raised:
                 async with connect(f"ws://127.0.0.1:{server.settings.port}{path}"):
                     pass
             assert raised.value.response.status_code == refused
         await asyncio.sleep(0.1)
-    finally:
-        logging.getLogger("uvicorn.error").removeHandler(recorder)
     # each refusal logged "ASGI callable returned without completing handshake." at ERROR
-    assert recorder.lines == []
+    assert lines == []
