@@ -65,6 +65,9 @@ async def test_a_scoped_run_survives_an_edit_elsewhere_and_shows_its_scope(
     await page.locator("#editor").evaluate(select_first_line)
     await submit(page, scripted("word " * 120, chunk=3, delay_ms=20))
     await expect(page.locator("#scope-backdrop mark")).to_have_text(FIRST_LINE)
+    # the run has started (its state shows) before the edit, so that the wait for its
+    # end below cannot pass before it began (seen on a loaded CI machine)
+    await expect(page.locator("#run-state")).not_to_have_text("")
     await page.locator("#editor").press("Control+End")
     await page.locator("#editor").type(" More.")
     await expect(page.locator("#scope-backdrop mark")).to_have_text(FIRST_LINE)
