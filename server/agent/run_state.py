@@ -82,7 +82,11 @@ class PendingCall:
 
     @property
     def timer(self) -> str:
-        return f"call:{self.call_id}"
+        """Named per kind: an approved call's tool timer must not share the approval
+        timer's name, or a fire of the approval timer queued while the approval was
+        being committed would be taken for the new tool timer's (the call then timed
+        out at once)."""
+        return f"{'approval' if self.kind == 'approval' else 'call'}:{self.call_id}"
 
 
 @dataclass(frozen=True, slots=True)

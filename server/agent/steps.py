@@ -123,7 +123,7 @@ class Resume:
 
 @dataclass(frozen=True, slots=True)
 class TimerFired:
-    key: str  # "run", "grace" or "call:<call_id>"
+    key: str  # "run", "grace", "call:<call_id>" or "approval:<call_id>"
 
 
 @dataclass(frozen=True, slots=True)

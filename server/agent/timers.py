@@ -1,6 +1,6 @@
 """A run's timers: loop callbacks, kept by key, that report back when they fire.
 
-The run machine names its timers ("run", "grace", "call:<id>") and arms and
+The run machine names its timers ("run", "grace", "call:<id>", "approval:<id>") and arms and
 disarms them through effects; the driver keeps them here, so that a timer
 is one `TimerHandle` and firing one only hands its key back (the driver turns
 it into an input). Re-arming a key cancels the handle it replaces.
