@@ -137,7 +137,8 @@ class RunLifecycle(RuleBasedStateMachine):
     @precondition(lambda self: self.model_busy)
     @rule(text=st.text(max_size=8),
           calls=st.lists(st.tuples(st.sampled_from([*TOOLS, "nope"]), st.booleans(),
-                                   st.sampled_from(["", "dup", "x" * 70, "ok"])), max_size=3),
+                                   st.sampled_from(["", "dup", "x" * 70, "ok", "call_s1_0", "call_s2_0",
+                                                    "call_s2_1"])), max_size=3),
           terminate=st.booleans())
     def model_finishes(self, text: str, calls: list[tuple[str, bool, str]],
                        terminate: bool) -> None:
@@ -153,8 +154,12 @@ class RunLifecycle(RuleBasedStateMachine):
                 executor, approval = TOOLS[name]
                 checked.append(ModelCall(cid, name, "{}", {}, executor,  # type: ignore[arg-type]
                                          approval))
+        used = len(self.state.call_ids)
         self.apply(ModelFinished(text, tuple(checked), (("total_tokens", 3),),
                                  terminate=terminate, at_ms=1000))
+        if not self.state.finished:  # the turn's calls were taken, each under its own id
+            assert len(self.state.call_ids) == used + len(checked), \
+                "a call id was given to two calls of the run"
 
     @precondition(lambda self: self.model_busy and self.state.json_tools)
     @rule()

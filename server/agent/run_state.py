@@ -226,13 +226,17 @@ def orphan_state(document_id: str, record: dict[str, Any]) -> RunState:
 def unique_call_ids(used: Set[str], calls: tuple[ModelCall, ...], step: int
                     ) -> tuple[ModelCall, ...]:
     """The model's call ids when usable; deterministic fresh ones when missing, too
-    long or reused (a call id names one call for the whole run)."""
+    long or reused (a call id names one call for the whole run). A fresh id is itself
+    checked: a model may have named a call `call_s2_0` already."""
     seen: set[str] = set()  # this turn's; `used` is not copied (it grows with the run)
     fixed = []
     for index, call in enumerate(calls):
         call_id = call.call_id
         if not call_id or len(call_id) > 64 or call_id in used or call_id in seen:
-            call_id = f"call_s{step}_{index}"
+            call_id, again = f"call_s{step}_{index}", 0
+            while call_id in used or call_id in seen:
+                again += 1
+                call_id = f"call_s{step}_{index}_{again}"
         seen.add(call_id)
         fixed.append(call if call_id == call.call_id else replace(call, call_id=call_id))
     return tuple(fixed)
