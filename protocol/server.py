@@ -181,8 +181,10 @@ class ToolCall(DurableEvent):
     expires_at: int | None = None
     """Client tools: deadline for the result, ms since the Unix epoch."""
     document_version: int | str | None = None
-    """The latest document version the server knew when it sent the call (1.1); a client
-    may refuse a call computed on an older document with error code `stale`."""
+    """The latest document version the server knew when it sent the call (1.1): from
+    `context.document.version`, later `editor.change`s and the run's earlier
+    `tool.result.document_version` (an integer version never moves back on a result).
+    A client may refuse a call computed on an older document with error code `stale`."""
 
 
 class ApprovalRequested(DurableEvent):

@@ -814,8 +814,10 @@ export interface ToolCallEvent {
    */
   expires_at?: number;
   /**
-   * The latest document version the server knew when it sent the call (1.1); a client
-   * may refuse a call computed on an older document with error code `stale`.
+   * The latest document version the server knew when it sent the call (1.1): from
+   * `context.document.version`, later `editor.change`s and the run's earlier
+   * `tool.result.document_version` (an integer version never moves back on a result).
+   * A client may refuse a call computed on an older document with error code `stale`.
    */
   document_version?: number | string;
 }

@@ -121,6 +121,31 @@ async def test_agent_edits_never_abort_and_tool_calls_carry_the_latest_version(
         assert (await alice.recv_until("run.finished"))["status"] == "completed"
 
 
+async def test_a_results_document_version_is_the_next_calls(server: Server) -> None:
+    """A tool that edits reports the version it left (`tool.result.document_version`),
+    with no `editor.change` of its own: the next call carries that version, so a client
+    refusing calls made on an older document does not refuse every later call. An
+    integer version never moves back: a person's later edit reported first stands."""
+    async with joined(server) as (alice, _):
+        ack = await start(alice, script(*[{"tool_calls": [call("read_document")]}] * 3,
+                                        {"say": "done"}),
+                          context={"document": DOCUMENT}, options={"on_edit": "continue"})
+        first = await alice.recv_until("tool.call")
+        await answer(alice, first, {"ok": True}, document_version=8)
+        second = await alice.recv_until(lambda e: e.get("type") == "tool.call"
+                                        and e["call_id"] != first["call_id"])
+        assert second["document_version"] == 8
+        await edit(alice, 9, (0, 1, 1))  # a person's edit, reported before the result
+        await answer(alice, second, {"ok": True}, document_version=8)
+        third = await alice.recv_until(lambda e: e.get("type") == "tool.call"
+                                       and e["call_id"] not in (first["call_id"],
+                                                                second["call_id"]))
+        assert third["document_version"] == 9
+        await answer(alice, third, {"ok": True})
+        assert (await alice.recv_until("run.finished"))["status"] == "completed"
+        assert ack["status"] == "running"
+
+
 async def test_the_runs_own_edits_inside_its_scope_resize_it(server: Server) -> None:
     """The run wrote 30 units inside its scope [10, 20): the scope is [10, 50) and says so
     (`run.scope`); a person's edit at 35, in the run's new text, ends it. The scope

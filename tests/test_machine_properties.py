@@ -137,8 +137,8 @@ class RunLifecycle(RuleBasedStateMachine):
     @precondition(lambda self: self.model_busy)
     @rule(text=st.text(max_size=8),
           calls=st.lists(st.tuples(st.sampled_from([*TOOLS, "nope"]), st.booleans(),
-                                   st.sampled_from(["", "dup", "x" * 70, "ok", "call_s1_0", "call_s2_0",
-                                                    "call_s2_1"])), max_size=3),
+                                   st.sampled_from(["", "dup", "x" * 70, "ok", "call_s1_0",
+                                                    "call_s2_0", "call_s2_1"])), max_size=3),
           terminate=st.booleans())
     def model_finishes(self, text: str, calls: list[tuple[str, bool, str]],
                        terminate: bool) -> None:

@@ -184,7 +184,7 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
             outcome = (ToolOutcome("error", error=message.error.to_wire())
                        if message.error is not None else ToolOutcome("ok", output=message.output))
             return ClientToolResult(message.call_id, message.token, outcome, peer.user_id,
-                                    now_ms(), message.id)
+                                    now_ms(), message.id, message.document_version)
         if isinstance(message, Approval):
             arguments, problem = message.arguments, None
             current = driver.state.current if driver is not None else None

@@ -63,6 +63,17 @@ def judge_edit(state: RunState, user_id: str, origin: str, version: Any, summary
                                       edits=(*state.edits, note)), moved)
 
 
+def later_version(known: int | str | None, reported: int | str) -> int | str:
+    """The document version after a client tool ran, as its `tool.result` reports it:
+    the next `tool.call` carries it (a client refusing calls made on an older version
+    would otherwise refuse every call after an editing tool). Integer versions never
+    move back (a person's later edit may have been reported first); other versions
+    are opaque, and the latest report wins, as with `editor.change`."""
+    if isinstance(known, int) and isinstance(reported, int) and reported < known:
+        return known
+    return reported
+
+
 def edit_note(user_id: str, version: Any, summary: str | None,
               changes: tuple[Edit, ...] | None) -> dict[str, Any]:
     """One edit as the model will be told of it (`changes_note`)."""

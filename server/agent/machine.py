@@ -36,7 +36,7 @@ from protocol.server import (
     ToolDone,
 )
 from server.agent import history, json_format
-from server.agent.edits import STALE, changes_note, judge_edit
+from server.agent.edits import STALE, changes_note, judge_edit, later_version
 from server.agent.grown import grown, with_added
 from server.agent.resume import resume_run
 from server.agent.run_state import (
@@ -265,7 +265,9 @@ class RunMachine:
         outcome = told = event.outcome
         if outcome.status == "error" and (outcome.error or {}).get("code") == "stale":
             told = ToolOutcome("error", error={"code": "stale", "message": STALE})
-        state = self._settle(state, out, current, outcome, told, event.at_ms,
+        changes: dict[str, Any] = {} if event.document_version is None else {  # it edited
+            "document_version": later_version(state.document_version, event.document_version)}
+        state = self._settle(state, out, current, outcome, told, event.at_ms, **changes,
                              completed_calls=with_added(state.completed_calls, (current.call_id,)))
         out.do(Reply(Ack(reply_to=event.reply_to, run_id=state.run_id, call_id=current.call_id,
                          status="accepted")))  # after the tool.done it confirms

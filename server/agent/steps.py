@@ -64,6 +64,7 @@ class ClientToolResult:
     user_id: str
     at_ms: int
     reply_to: str | None = None
+    document_version: int | str | None = None  # the editor's, after the tool ran
 
 
 @dataclass(frozen=True, slots=True)
