@@ -170,6 +170,19 @@ async def test_json_tool_format_gives_up_after_three_bad_answers(fake: FakeOpenA
     assert len(fake.requests) == 4
 
 
+async def test_json_tool_format_unparsable_last_allowed_answer(fake: FakeOpenAI) -> None:
+    """No model call is left to retry in: the run fails for the unparsable answer, with
+    an error saying so (it said `max_steps`, as if the model had asked for a tool)."""
+    fake.replies = [Reply(text=["this is not the JSON asked for"])]
+    async with openai_server(fake, tool_format="json") as srv, joined(srv) as (client, _):
+        await start(client, "read it", options={"max_steps": 1})
+        finished = await client.recv_until("run.finished")
+        assert finished["status"] == "failed" and finished["reason"] == "invalid_model_output"
+        assert "last allowed (max_steps 1)" in finished["error"]["message"]
+        assert "not valid JSON" in finished["error"]["message"]
+    assert len(fake.requests) == 1
+
+
 async def test_scripted_model_is_the_default_without_a_key(server: Server) -> None:
     """The scripted default stays scripted when no key is configured."""
     assert server.settings.effective_llm == "scripted"

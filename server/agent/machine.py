@@ -166,13 +166,13 @@ class RunMachine:
             return state
         state = replace(state.add_usage(dict(event.usage)),
                         parse_failures=state.parse_failures + 1)
-        if state.parse_failures > json_format.MAX_PARSE_RETRIES:
+        if state.parse_failures > json_format.MAX_PARSE_RETRIES or state.step >= state.max_steps:
+            why = f"could not be parsed {state.parse_failures} times" \
+                if state.step < state.max_steps else \
+                f"could not be parsed and was the last allowed (max_steps {state.max_steps})"
             return self._finish(state, out, Ending("failed", "invalid_model_output", RunError(
                 code="invalid_model_output",
-                message=f"the model's answer could not be parsed {state.parse_failures} times; "
-                        f"last problem: {event.problem}")))
-        if state.step >= state.max_steps:
-            return self._finish(state, out, Ending("failed", "max_steps"))
+                message=f"the model's answer {why}; last problem: {event.problem}")))
         said = grown(state.messages, {"role": "assistant", "content": event.text})
         state = state.evolve(messages=grown(said, {"role": "user", "content": event.problem}))
         return self._call_model(state, out)
