@@ -67,6 +67,10 @@ def event_of(run_id: str, kind: str) -> Callable[[dict[str, Any]], bool]:
     return lambda e: e.get("run_id") == run_id and e.get("type") == kind
 
 
+def reply_to(message_id: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda e: e.get("reply_to") == message_id
+
+
 def done_of(events: list[dict[str, Any]], run_id: str) -> dict[str, dict[str, Any]]:
     calls = {e["call_id"]: e["name"] for e in of_run(events, run_id, "tool.call")}
     return {calls[e["call_id"]]: e for e in of_run(events, run_id, "tool.done")
@@ -144,6 +148,50 @@ async def test_cancel_and_abort_reach_the_running_python_tool(tmp_path: Path,
         finished = await alice.recv_until("run.finished")
         assert finished["status"] == ("cancelled" if ending == "run.cancel" else "aborted")
         assert done_of(alice.events, ack["run_id"])["sleepy"]["status"] == "cancelled"
+
+
+async def test_a_misbehaving_python_tool_neither_stops_the_server_nor_holds_the_document(
+        tmp_path: Path) -> None:
+    """A tool calling sys.exit() stopped the server; one whose inner operation was
+    cancelled left the run waiting until the run timeout; one ignoring cancellation
+    kept the document busy after `run.finished` until it chose to return."""
+    path = config_file(tmp_path, """
+[[tools]]
+import = "tests.tool_fixtures:exits"
+[[tools]]
+import = "tests.tool_fixtures:inner_cancelled"
+[[tools]]
+import = "tests.tool_fixtures:stubborn"
+timeout_s = 30
+""")
+    observed = tool_fixtures.OBSERVERS["run-stubborn"] = asyncio.Queue()
+    async with running_server(config=path) as srv, joined(srv) as (alice, _), \
+            joined(srv, sub="bob", client_id="bob-tab") as (bob, _):
+        ack = await start(alice, script({"tool_calls": [call("exits"), call("inner_cancelled")]},
+                                        {"say": "still here"}), tools=[])
+        finished = await alice.recv_until("run.finished")
+        assert finished["status"] == "completed"
+        done = done_of(alice.events, ack["run_id"])
+        assert {done[name]["error"]["code"] for name in ("exits", "inner_cancelled")} == {
+            "internal"}
+        ack = await start(alice, script({"tool_calls": [call("stubborn", key="run-stubborn",
+                                                             seconds=4)]}), tools=[])
+        await alice.recv_until(event_of(ack["run_id"], "tool.call"))
+        await alice.send({"type": "run.cancel", "run_id": ack["run_id"]})
+        assert (await alice.recv_until(event_of(ack["run_id"], "run.finished")))[
+            "status"] == "cancelled"
+        assert await asyncio.wait_for(observed.get(), 5) == "ignored a cancel"
+        for attempt in range(100):  # freed once the tool had its second to stop
+            asked = f"s{attempt}"
+            await bob.send({"type": "run.start", "id": asked, "tools": [],
+                            "prompt": script({"say": "my turn"})})
+            reply = await bob.recv_until(reply_to(asked))
+            if reply["type"] == "ack":
+                break
+            assert reply["code"] == "document_busy"
+            await asyncio.sleep(0.1)
+        assert reply["type"] == "ack" and reply["status"] == "running"
+        assert observed.empty()  # the tool still runs (4 s), the document goes on without it
 
 
 async def test_server_tool_approval_comes_first(tmp_path: Path) -> None:

@@ -133,6 +133,66 @@ async def test_cancelling_the_caller_reaches_the_running_tool() -> None:
     assert events.get_nowait() == "cancelled"
 
 
+MISBEHAVING = """
+[[tools]]
+import = "tests.tool_fixtures:exits"
+[[tools]]
+import = "tests.tool_fixtures:inner_cancelled"
+[[tools]]
+import = "tests.tool_fixtures:wraps"
+[[tools]]
+import = "tests.tool_fixtures:stubborn"
+timeout_s = 0.3
+"""
+
+
+async def test_a_tool_calling_sys_exit_or_cancelled_inside_is_its_own_failure(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """SystemExit from a tool stopped the event loop (the whole server); a CancelledError
+    of an operation inside the tool left the run waiting for a call that had ended."""
+    tools = catalog(MISBEHAVING)
+    with caplog.at_level(logging.ERROR, logger="cowrite.tools.test"):
+        exited = await tools.invoke("exits", {}, tool_context())
+        cancelled = await asyncio.wait_for(tools.invoke("inner_cancelled", {}, tool_context()),
+                                           5)
+    for result in (exited, cancelled):
+        assert result.status == "error" and result.error is not None
+        assert result.error["code"] == "internal"
+        assert result.error["message"].startswith("tool failed (ref ")
+    assert asyncio.get_running_loop().is_running()
+
+
+async def test_a_tool_errors_message_is_text_and_bounded() -> None:
+    """`ToolError(exc)`, the usual wrap of a library error, failed the whole run (its
+    message was not text); a 3 MB message went whole to every client."""
+    tools = catalog(MISBEHAVING)
+    short = await tools.invoke("wraps", {"reason": "cannot reach the API"}, tool_context())
+    assert short.error == {"message": "cannot reach the API", "code": "tool_error"}
+    long = await tools.invoke("wraps", {"reason": "x" * 100_000}, tool_context())
+    assert long.error is not None and long.error["code"] == "tool_error"
+    assert long.error["message"] == "x" * 4096 + f" [... {100_000 - 4096} more characters cut]"
+
+
+async def test_a_tool_ignoring_its_cancellation_is_left_behind() -> None:
+    """Neither the timeout nor the caller's cancel waits for a tool that ignores being
+    cancelled: it gets a second to stop, then finishes alone (its end is logged)."""
+    events: asyncio.Queue[str] = asyncio.Queue()
+    tool_fixtures.OBSERVERS["stubborn"] = events
+    tools = catalog(MISBEHAVING)
+    result = await tools.invoke("stubborn", {"key": "stubborn", "seconds": 3}, tool_context())
+    assert result.status == "timeout"
+    assert events.get_nowait() == "ignored a cancel" and events.empty()  # still running
+    call = asyncio.create_task(tools.invoke("stubborn", {"key": "stubborn", "seconds": 3},
+                                            tool_context()))
+    await asyncio.sleep(0.1)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert await asyncio.wait_for(events.get(), 5) == "ignored a cancel"
+    assert await asyncio.wait_for(events.get(), 5) == "ended"  # the first, left behind
+    assert await asyncio.wait_for(events.get(), 5) == "ended"
+
+
 def test_broken_entries_are_reported_not_fatal() -> None:
     tools = catalog("""
 [[tools]]
@@ -160,6 +220,13 @@ import = "tests.tool_fixtures:greet"
     }
     assert described["greet"]["available"] is True
     assert {s.name for s in tools.specs()} == {"text_stats", "greet"}
+
+
+def test_a_module_calling_sys_exit_at_import_is_a_problem_not_an_exit() -> None:
+    tools = catalog('[[tools]]\nimport = "tests.exits_on_import:tool"\n')
+    entry = by_name(tools.describe())["tool"]
+    assert entry["available"] is False
+    assert entry["problem"] == "cannot import tests.exits_on_import (SystemExit)"
 
 
 async def test_unavailable_tool_invocation_is_an_error() -> None:

@@ -98,3 +98,38 @@ async def wait_once(marker: str) -> str:
 async def wait_again(marker: str) -> str:
     """As `wait_once`; the tests' config declares this one idempotent."""
     return await wait_once(marker)
+
+
+async def exits() -> str:
+    """Calls sys.exit, as a command-line library might."""
+    raise SystemExit(1)
+
+
+async def inner_cancelled() -> str:
+    """An operation inside the tool was cancelled (not the tool): its CancelledError."""
+    future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    future.cancel()
+    return await future
+
+
+async def stubborn(key: str, seconds: float) -> str:
+    """Ignores cancellation until `seconds` have passed, as some libraries do; reports
+    to OBSERVERS[key] when it is asked to stop and when it ends."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while loop.time() < end:
+        try:
+            await asyncio.sleep(end - loop.time())
+        except asyncio.CancelledError:
+            OBSERVERS[key].put_nowait("ignored a cancel")
+    OBSERVERS[key].put_nowait("ended")
+    return "finally"
+
+
+async def wraps(reason: str) -> str:
+    """Wraps a library's exception in ToolError, as tool authors do; a long reason makes
+    a long message."""
+    try:
+        raise ConnectionError(reason)
+    except ConnectionError as exc:
+        raise ToolError(exc) from exc  # type: ignore[arg-type]

@@ -61,8 +61,38 @@ class ToolInvocation:
     error: dict[str, Any] | None = None
 
 
+MAX_ERROR_CHARS = 4096  # of a tool's error message; the rest is cut (it goes to every client)
+STOP_GRACE_S = 1.0  # a cancelled tool gets this long to stop before it is left to finish alone
+
+
 def _failed(message: str, code: str) -> ToolInvocation:
+    if len(message) > MAX_ERROR_CHARS:
+        cut = len(message) - MAX_ERROR_CHARS
+        message = f"{message[:MAX_ERROR_CHARS]} [... {cut} more characters cut]"
     return ToolInvocation("error", error={"message": message, "code": code})
+
+
+class _ToolExited(Exception):
+    """A tool raised SystemExit or KeyboardInterrupt: in a task of its own, either would
+    stop the event loop, and the whole server with it."""
+
+
+async def _contained(call: Awaitable[Any]) -> Any:
+    try:
+        return await call
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise _ToolExited(type(exc).__name__) from exc
+
+
+def _left_behind(name: str, ctx: ToolContext) -> Callable[["asyncio.Task[Any]"], None]:
+    started = time.monotonic()
+
+    def ended(task: "asyncio.Task[Any]") -> None:
+        if not task.cancelled():
+            task.exception()  # retrieved: asyncio would log it as never retrieved
+        ctx.logger.warning("server tool %s ignored its cancellation; it ended %.1f s later",
+                           name, time.monotonic() - started)
+    return ended
 
 
 def _unchecked(_arguments: dict[str, Any]) -> str | None:
@@ -255,22 +285,30 @@ class ToolCatalog:
 
     async def _run(self, entry: _Entry, arguments: dict[str, Any], ctx: ToolContext
                    ) -> ToolInvocation:
+        """The tool runs in a task of its own, so that neither its timeout nor the run's
+        cancel waits on a tool that ignores cancellation (it gets `STOP_GRACE_S`, then is
+        left to finish alone), and a `CancelledError` the tool raises itself (an inner
+        operation of its was cancelled) is its failure, not the run's."""
         assert entry.run is not None
         name, timeout_s = entry.spec.name, entry.spec.timeout_s
+        task = asyncio.ensure_future(_contained(entry.run(arguments, ctx)))
         try:
-            async with asyncio.timeout(timeout_s) as deadline:
-                output = await entry.run(arguments, ctx)
-        except ToolError as exc:
-            return _failed(exc.message, "tool_error")
-        except ToolUnavailable as exc:
-            return _failed(exc.message, "unavailable")
-        except TimeoutError:
-            if not deadline.expired():
-                return self._internal(name, ctx)
+            await asyncio.wait((task,), timeout=timeout_s)
+        except asyncio.CancelledError:  # the run ended or went on without this call
+            await self._stop(task, name, ctx)
+            raise
+        if not task.done():
+            await self._stop(task, name, ctx)
             return ToolInvocation(
                 "timeout", error={"message": f"{name} took longer than {timeout_s:g} s",
                                   "code": "timeout"})
-        except Exception:
+        try:
+            output = task.result()
+        except ToolError as exc:
+            return _failed(str(exc.message), "tool_error")
+        except ToolUnavailable as exc:
+            return _failed(str(exc.message), "unavailable")
+        except (Exception, asyncio.CancelledError):
             return self._internal(name, ctx)
         try:
             size = len(orjson.dumps(output))
@@ -282,6 +320,16 @@ class ToolCatalog:
             return _failed(f"{name} returned {size} bytes of output; the limit is "
                            f"{self.max_output_bytes}", "too_large")
         return ToolInvocation("ok", output=output)
+
+    @staticmethod
+    async def _stop(task: "asyncio.Task[Any]", name: str, ctx: ToolContext) -> None:
+        task.cancel()
+        await asyncio.wait((task,), timeout=STOP_GRACE_S)
+        if task.done():
+            if not task.cancelled():
+                task.exception()  # whatever it raised while stopping is of no use now
+        else:
+            task.add_done_callback(_left_behind(name, ctx))
 
     @staticmethod
     def _internal(name: str, ctx: ToolContext) -> ToolInvocation:

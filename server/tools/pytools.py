@@ -65,7 +65,8 @@ def import_callable(import_string: str) -> object:
     module_name, _, attr_path = import_string.partition(":")
     try:
         target: object = importlib.import_module(module_name)
-    except Exception as exc:  # any failure of the operator's module is a problem, not a crash
+    except (Exception, SystemExit) as exc:  # the operator's module's failure is a problem,
+        # not a crash (a module that calls sys.exit() at import stopped cowrite silently)
         raise ToolLoadError(f"cannot import {module_name} ({type(exc).__name__})") from exc
     for attr in attr_path.split("."):
         try:
