@@ -64,6 +64,8 @@ class Connection:
     def reply(self, message: WireModel) -> None:
         # Every server message has a `type` field (a literal default): read it,
         # rather than dumping the model a second time to find it.
+        if isinstance(message, Error):  # counted here: the run engine makes its own errors
+            self.metrics.errors.labels(ErrorCode(message.code).value).inc()
         self.outbound.push_frame(str(message.type),  # type: ignore[attr-defined]
                                  message.to_json().decode())
 
@@ -77,7 +79,6 @@ class Connection:
         details: Any = None,
         retry_after_ms: int | None = None,
     ) -> None:
-        self.metrics.errors.labels(code.value).inc()
         self.reply(error_event(code, message, reply_to=reply_to, run_id=run_id, details=details,
                                retry_after_ms=retry_after_ms))
 

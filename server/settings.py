@@ -114,6 +114,9 @@ class Settings(BaseSettings):
             raise ValueError("COWRITE_MAX_JSON_DEPTH must be 0 (orjson's limit) or more")
         if self.metrics_port is not None and self.metrics_port == self.port:
             raise ValueError("COWRITE_METRICS_PORT must differ from COWRITE_PORT")
+        if self.metrics_token is not None and not self.metrics_token.get_secret_value().strip():
+            raise ValueError("COWRITE_METRICS_TOKEN is empty: give a token, or unset it to "
+                             "serve /metrics without one")  # empty left /metrics open
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ValueError("COWRITE_LOG_LEVEL must be one of debug, info, warning, error, "
                              "critical")

@@ -32,7 +32,8 @@ def start(**env: str) -> subprocess.CompletedProcess[str]:
     ({"COWRITE_JWT_SECRET": "", "COWRITE_JWT_PUBLIC_KEY": "not a pem"},
      ["COWRITE_JWT_PUBLIC_KEY is not a PEM public key"]),
     ({"COWRITE_REDIS_URL": "localhost:6380"}, ["Redis URL must specify one of the following"]),
-], ids=["range", "types", "choice", "log-level", "public-key", "redis-url"])
+    ({"COWRITE_METRICS_TOKEN": " "}, ["COWRITE_METRICS_TOKEN is empty: give a token"]),
+], ids=["range", "types", "choice", "log-level", "public-key", "redis-url", "metrics-token"])
 def test_a_bad_setting_is_one_line_naming_it_and_no_secret(env: dict[str, str],
                                                             said: list[str]) -> None:
     ended = start(**{"COWRITE_JWT_SECRET": JWT_SECRET, "OPENAI_API_KEY": API_KEY, **env})

@@ -8,6 +8,7 @@ from websockets.exceptions import InvalidStatus
 
 from protocol.schema import SCHEMA_PATH, render_schema
 from tests.harness import Server, joined, running_server, token, ws_client
+from tests.runs import call, script, start
 
 
 async def test_health_ready_metrics_and_page(server: Server) -> None:
@@ -22,6 +23,25 @@ async def test_health_ready_metrics_and_page(server: Server) -> None:
         assert "cowrite_connections_open 1.0" in metrics
         assert 'cowrite_messages_in_total{type="hello"} 1.0' in metrics
         assert 'cowrite_messages_out_total{type="welcome"} 1.0' in metrics
+
+
+async def test_errors_the_run_engine_sends_are_counted(server: Server) -> None:
+    """`cowrite_errors_total` counted only errors made by the connection, not those the
+    run engine answers with (a result for no pending call, a bad call token)."""
+    async with joined(server) as (client, _), httpx.AsyncClient(base_url=server.http) as http:
+        ack = await start(client, script({"tool_calls": [call("read_document")]}, {"say": "d"}))
+        pending = await client.recv_until("tool.call")
+        await client.send({"type": "tool.result", "id": "a", "run_id": ack["run_id"],
+                           "call_id": "nope", "token": pending["token"], "output": 1})
+        await client.send({"type": "tool.result", "id": "b", "run_id": ack["run_id"],
+                           "call_id": pending["call_id"], "token": pending["token"][:-3] + "xxx",
+                           "output": 1})
+        first = await client.recv_until(lambda e: e.get("reply_to") == "a")
+        second = await client.recv_until(lambda e: e.get("reply_to") == "b")
+        assert [first["code"], second["code"]] == ["call_not_pending", "invalid_token"]
+        metrics = (await http.get("/metrics")).text
+    assert 'cowrite_errors_total{code="call_not_pending"} 1.0' in metrics
+    assert 'cowrite_errors_total{code="invalid_token"} 1.0' in metrics
 
 
 async def test_schema_is_served_and_checked_in_copy_is_current(server: Server) -> None:
