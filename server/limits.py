@@ -34,6 +34,29 @@ class TokenBucket:
         return max(1, int((1.0 - self._tokens) / self._rate * 1000) + 1)
 
 
+class UserBuckets:
+    """A `TokenBucket` per user, for requests that have no connection to hold one (the
+    HTTP tool results). At most `kept` users are remembered; beyond that the one
+    heard from longest ago is forgotten (it starts again with a full bucket)."""
+
+    __slots__ = ("_buckets", "_burst", "_clock", "_kept", "_rate")
+
+    def __init__(self, rate: float, burst: float, kept: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._rate, self._burst, self._kept, self._clock = rate, burst, kept, clock
+        self._buckets: dict[str, TokenBucket] = {}
+
+    def take(self, user_id: str) -> int:
+        """As `TokenBucket.take`, from `user_id`'s bucket."""
+        bucket = self._buckets.pop(user_id, None)  # re-inserted: the newest at the end
+        if bucket is None:
+            bucket = TokenBucket(self._rate, self._burst, self._clock)
+            if len(self._buckets) >= self._kept:
+                del self._buckets[next(iter(self._buckets))]
+        self._buckets[user_id] = bucket
+        return bucket.take()
+
+
 class InvalidStreak:
     """Counts invalid frames in a row; the `limit`-th one means close 4400."""
 

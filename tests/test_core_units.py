@@ -12,7 +12,7 @@ from protocol.parsing import ParseFailure, parse_client_message
 from protocol.server import RunFinished
 from server.auth import Authenticator, CallGrant
 from server.backends.memory import MemoryBackend
-from server.limits import InvalidStreak, TokenBucket
+from server.limits import InvalidStreak, TokenBucket, UserBuckets
 from server.outbound import CloseRequest, Outbound
 from server.settings import Settings
 
@@ -79,6 +79,18 @@ def test_token_bucket_with_a_fake_clock() -> None:
     now[0] += 0.5
     assert bucket.take() == 0
     assert TokenBucket(rate=0, burst=0).take() == 0  # disabled
+
+
+def test_user_buckets_are_per_user_and_bounded() -> None:
+    now = [0.0]
+    buckets = UserBuckets(rate=1, burst=2, kept=2, clock=lambda: now[0])
+    assert [buckets.take("ann") for _ in range(2)] == [0, 0] and buckets.take("ann") > 0
+    assert buckets.take("bob") == 0  # bob's own bucket
+    assert buckets.take("cat") == 0  # a third user: ann, heard from longest ago, forgotten
+    assert buckets.take("ann") == 0  # ann starts again with a full bucket
+    assert buckets.take("cat") == 0 and buckets.take("cat") > 0  # cat was kept
+    now[0] += 1.0
+    assert buckets.take("cat") == 0
 
 
 def test_invalid_streak() -> None:

@@ -1,6 +1,7 @@
 """`POST /v1/documents/{id}/runs/{run_id}/tool-results` over a real server:
 a pending client tool call answered by HTTP instead of the WebSocket."""
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -8,7 +9,7 @@ import orjson
 
 from protocol.codes import ErrorCode
 from server.adapters.http import HttpFailure
-from tests.harness import Server, joined, token
+from tests.harness import Server, joined, running_server, token
 from tests.runs import call, of_run, script, start
 
 
@@ -129,3 +130,31 @@ def test_engine_errors_map_to_http_statuses() -> None:
     assert down.status_code == 503 and down.headers["Retry-After"] == "1"
     assert orjson.loads(down.body) == {"code": "unavailable", "message": "later",
                                        "retry_after_ms": 1000}
+
+
+async def test_made_up_runs_make_no_documents_and_results_are_rate_limited() -> None:
+    """Each POST joined its document before the run was looked up: made-up run ids on
+    made-up documents made documents, and the memory backend evicted idle ones, their
+    history with them, for them. Nothing limited the endpoint's rate."""
+    async with running_server(memory_max_documents=5, rate_messages_per_s=5) as srv, \
+            httpx.AsyncClient() as http:
+        async with joined(srv, "victim") as (client, _):
+            await start(client, script({"say": "kept"}))
+            await client.recv_until("run.finished")
+        history = f"{srv.http}/v1/documents/victim/history"
+        assert len((await http.get(history, headers=_auth())).json()["messages"]) == 2
+        body = {"call_id": "c", "token": "t", "output": 1}
+        answers = []
+        for n in range(30):
+            reply = await http.post(_url(srv, f"run-{n}", f"junk-{n}"), json=body,
+                                    headers=_auth())
+            answers.append(reply.status_code)
+            if reply.status_code == 429:
+                assert reply.json()["code"] == "rate_limited"
+                assert int(reply.headers["Retry-After"]) >= 1
+                await asyncio.sleep(reply.json()["retry_after_ms"] / 1000)
+        assert set(answers) == {404, 429} and answers[:10] == [404] * 10  # burst: 2x rate
+        assert len((await http.get(history, headers=_auth())).json()["messages"]) == 2
+        other_user = await http.post(_url(srv, "run-x", "junk-x"), json=body,
+                                     headers=_auth("bob"))
+        assert other_user.status_code == 404  # the limit is per user

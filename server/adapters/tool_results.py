@@ -24,10 +24,21 @@ from server.adapters.http import (
 )
 from server.adapters.link import RunLink
 from server.backends.base import BackendUnavailable
+from server.limits import UserBuckets
 from server.services import Services
 
 BODY_FIELDS = frozenset({"call_id", "token", "output", "error", "document_version"})
 CLIENT_ID = "http-tool-results"
+
+
+def _buckets(request: Request, services: Services) -> UserBuckets:
+    """The app's per-user limit on this endpoint (made on first use): the WebSocket's
+    message rate, per user and instance, since a request holds no connection."""
+    buckets: UserBuckets | None = getattr(request.app.state, "tool_result_buckets", None)
+    if buckets is None:
+        rate = services.settings.rate_messages_per_s
+        buckets = request.app.state.tool_result_buckets = UserBuckets(rate, rate * 2)
+    return buckets
 
 
 async def post_tool_result(request: Request) -> Response:
@@ -37,6 +48,10 @@ async def post_tool_result(request: Request) -> Response:
     try:
         check_document(document_id)
         principal = principal_for(services, bearer_token(request), document_id)
+        wait_ms = _buckets(request, services).take(principal.user_id)
+        if wait_ms:
+            raise HttpFailure(ErrorCode.RATE_LIMITED, "too many tool results; wait before the "
+                              "next", retry_after_ms=wait_ms)
         body = await read_object(request, services)
         unknown = sorted(set(body) - BODY_FIELDS)
         if unknown:
@@ -48,6 +63,11 @@ async def post_tool_result(request: Request) -> Response:
             raise HttpFailure(message.code, message.message.replace("tool.result", "body", 1),
                               details=message.details)
         assert isinstance(message, ToolResult)
+        if await services.backend.get_run_record(document_id, run_id) is None:
+            # answered before joining the document: a join would make a document (the
+            # memory backend evicts idle ones for it) for every made-up run id
+            raise HttpFailure(ErrorCode.RUN_NOT_FOUND,
+                              f"no run {run_id[:64]!r} on this document")
         link = RunLink(services, document_id, principal, CLIENT_ID)
         try:
             await link.open()
