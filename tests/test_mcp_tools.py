@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +235,53 @@ async def test_closing_never_waits_on_a_transport_that_swallows_the_cancellation
         await connection.close()
     assert not deadline.expired()  # the first cancellation was enough
     assert supervisor.done()  # nothing left reconnecting behind the caller's back
+
+
+HANGS_ON_INITIALIZE = ("import os, sys, time\n"
+                      "open(sys.argv[1], 'a').write(f'{os.getpid()}\\n')\n"
+                      "time.sleep(3600)  # never answers initialize, ignores stdin closing\n")
+
+
+async def _eventually(predicate: Callable[[], bool], timeout_s: float) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not predicate():  # noqa: ASYNC110 - files and processes have no events
+            await asyncio.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("when", ["while it hangs", "after the attempt timed out"])
+async def test_a_server_hanging_on_initialize_is_stopped_not_left_running(
+        tmp_path: Path, when: str) -> None:
+    """Closing cancelled the supervisor natively, which cut the SDK's shielded shutdown
+    (stdin closed, then SIGTERM) short: cowrite's shutdown waited 11 s and the server
+    process outlived it."""
+    pids = tmp_path / "pids"
+    command = [sys.executable, "-c", HANGS_ON_INITIALIZE, str(pids)]
+    config = McpServerConfig(name="mute", command=command)
+    timeout_s = 30.0 if when == "while it hangs" else 0.5
+    connection = McpConnection(config, McpTimings(connect_timeout_s=timeout_s,
+                                                  retry_min_s=30, retry_max_s=30))
+    starting = asyncio.create_task(connection.start())
+    await _eventually(lambda: pids.exists() and pids.read_text().endswith("\n"), 10)
+    if when == "after the attempt timed out":
+        await asyncio.wait_for(starting, 10)
+        assert not connection.up and connection.problem is not None
+        assert "no answer in time" in connection.problem
+    async with asyncio.timeout(8) as deadline:
+        await connection.close()
+    assert not deadline.expired()
+    pid = int(pids.read_text().split()[0])
+    await _eventually(lambda: not _alive(pid), 5)
+    starting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await starting
 
 
 # Streamable HTTP ---------------------------------------------------------------

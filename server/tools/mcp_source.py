@@ -42,6 +42,8 @@ from server.tools.mcp_results import McpTool, convert_listing, tool_output
 log = logging.getLogger("cowrite.tools.mcp")
 
 _CLOSE_S = 10.0  # how long close() lets the SDK shut a connection down
+# The SDK's stdio shutdown: stdin closed, 2 s to exit, SIGTERM, 2 s more, SIGKILL.
+_TEARDOWN_S = 5.0
 
 _CONNECTION_ERRORS = (OSError, anyio.ClosedResourceError, anyio.BrokenResourceError,
                       anyio.EndOfStream)
@@ -97,6 +99,7 @@ class McpConnection:
         self._attempted = asyncio.Event()
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._scope: anyio.CancelScope | None = None  # the supervisor's: how close() stops it
         self._closing = False
         self._last_failure: str | None = None  # the reason last logged (see `_log_down`)
 
@@ -114,18 +117,22 @@ class McpConnection:
         self._changed = asyncio.Event()
 
     async def start(self) -> None:
-        """Begin connecting; return after the first attempt (bounded by the connect timeout)."""
+        """Begin connecting; return after the first attempt (bounded by the connect timeout
+        and the time the SDK takes to stop a server that did not answer in it)."""
         self._task = asyncio.create_task(self._supervise(), name=f"mcp:{self.name}")
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.timings.connect_timeout_s + 1):
+            async with asyncio.timeout(self.timings.connect_timeout_s + _TEARDOWN_S):
                 await self._attempted.wait()
 
     async def close(self) -> None:
         """Stop the supervisor, in bounded time.
 
-        One cancellation, then up to `_CLOSE_S` for the SDK to shut the connection
-        down (a stdio server gets its stdin closed, time to exit, then a signal: a
-        second cancellation would cut that short and leave the process behind). The
+        One cancellation of the supervisor's anyio cancel scope, then up to `_CLOSE_S`
+        for the SDK to shut the connection down (a stdio server gets its stdin closed,
+        time to exit, then a signal). The SDK shields that shutdown from anyio's
+        cancellation but not from a second native `Task.cancel()` (the first starts
+        it), which cut it short and left a server that hung on `initialize` running
+        after cowrite exited. The
         SDK's transports run anyio task groups, and a cancellation that lands while
         one of them is failing can come out as an ordinary exception, so the
         supervisor also stops on `_closing`. Only a connection that still has not
@@ -137,7 +144,10 @@ class McpConnection:
             return
         self._closing = True
         self._wake.set()
-        task.cancel()
+        if self._scope is not None:
+            self._scope.cancel()
+        else:
+            task.cancel()  # it has not run yet
         for wait_s in (_CLOSE_S, 1.0):
             await asyncio.wait({task}, timeout=wait_s)
             if task.done():
@@ -202,6 +212,10 @@ class McpConnection:
                 reason, command, exc_info=None if expected or repeated else exc)
 
     async def _supervise(self) -> None:
+        with anyio.CancelScope() as self._scope:
+            await self._reconnect_forever()
+
+    async def _reconnect_forever(self) -> None:
         delay = self.timings.retry_min_s
         while not self._closing:
             reason = "it closed the connection"
