@@ -296,6 +296,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
             await tools.close()
             await services.runs.llm.close()
             await services.backend.close()
+            if tracing.active is not None:  # exported now: uvicorn ends a SIGTERM by
+                await asyncio.to_thread(tracing.active.shutdown)  # the signal, no atexit
 
     routes = [
         Route("/", index),

@@ -49,10 +49,12 @@ from server.agent.steps import (
     Crashed,
     Decision,
     Input,
+    LeaseLost,
     ModelFailed,
     ModelFinished,
     ModelUnparseable,
     Publish,
+    Resume,
 )
 from server.settings import Settings
 
@@ -125,12 +127,14 @@ class RunTracer:
         if ended:
             self._deliver(ended)
 
-    def _begin(self, decision: Decision) -> _RunSpans | None:
+    def _begin(self, decision: Decision, event: Input) -> _RunSpans | None:
         state = decision.state
         attributes: dict[str, Any] = {
             "cowrite.run_id": state.run_id, "cowrite.document_id": state.document_id,
             "cowrite.user_id": state.user_id, "cowrite.mode": state.mode,
             "cowrite.model": state.model}
+        if isinstance(event, Resume):  # the run began on another instance
+            attributes["cowrite.resumed"] = event.reason
         if self._capture_text:
             attributes["cowrite.prompt"] = state.prompt
         trace_id = self._trace_id()
@@ -155,9 +159,9 @@ class RunTracer:
         try:
             spans = self._runs.get(state.run_id)
             if spans is None:
-                if type(event) is not Begin:
-                    return
-                spans = self._begin(decision)
+                if type(event) is not Begin and type(event) is not Resume:
+                    return  # a run taken over from another instance is traced from here
+                spans = self._begin(decision, event)
                 if spans is None:
                     return
             if spans.model is not None and type(event) in _MODEL_ENDS:
@@ -177,8 +181,9 @@ class RunTracer:
                         self._close(spans, spans.model)
                     spans.model = ("cowrite.model_call", time.time_ns(), {
                         "cowrite.run_id": state.run_id, "cowrite.step": state.step})
-            if state.finished:
-                self._end(state.run_id, spans, state.status)
+            if state.finished:  # or it moved to another instance, which goes on with it
+                self._end(state.run_id, spans,
+                          "moved" if type(event) is LeaseLost else state.status)
         except Exception:
             self._runs.pop(state.run_id, None)
             logger.exception("tracing failed on %s; the run's spans are dropped",

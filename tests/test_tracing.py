@@ -3,6 +3,7 @@ calls, tool round trips and approval waits, with ids and no tokens or text."""
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.resources import Resource
@@ -12,9 +13,23 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import StatusCode
 
+from protocol.server import ToolDone
 from server import tracing, tracing_export
+from server.agent.driver import RunDriver
+from server.agent.machine import RunMachine
+from server.agent.run_state import RunState
+from server.agent.steps import (
+    Begin,
+    Cancel,
+    Decision,
+    LeaseLost,
+    MachineConfig,
+    Publish,
+    Resume,
+)
+from server.auth import Authenticator
 from server.tracing_export import Converter, SpanBatcher
-from tests.harness import joined, running_server
+from tests.harness import joined, make_settings, running_server
 from tests.runs import answer, call, script, start
 
 
@@ -104,6 +119,67 @@ async def test_a_failed_model_call_marks_its_span_and_the_run_as_errors(
     assert run.status.status_code is StatusCode.ERROR
     assert model.status.status_code is StatusCode.ERROR
     assert model.status.description == finished["error"]["code"] == "upstream_error"
+
+
+async def test_a_run_whose_driver_fails_still_ends_its_spans(
+        exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's last resort ends such a run `failed`; its spans stayed open in the
+    tracer for ever, never exported."""
+    execute = RunDriver._execute
+
+    async def failing(self: RunDriver, decision: Decision, peer: Any) -> bool:
+        if any(isinstance(e, Publish) and any(isinstance(p, ToolDone) for p in e.events)
+               for e in decision.effects):
+            raise RuntimeError("a bug in the driver")
+        return await execute(self, decision, peer)
+
+    monkeypatch.setattr(RunDriver, "_execute", failing)
+    async with running_server(otel=True) as srv, joined(srv) as (client, _):
+        ack = await start(client, script({"tool_calls": [call("read_document")]},
+                                         {"say": "never"}))
+        await answer(client, await client.recv_until("tool.call"), {"text": "x"})
+        finished = await client.recv_until("run.finished")
+    assert (finished["status"], finished["reason"]) == ("failed", "internal_error")
+    spans = exporter.get_finished_spans()
+    (run,) = _named(spans, "cowrite.run")
+    assert run.attributes is not None and run.attributes["cowrite.run_id"] == ack["run_id"]
+    assert run.attributes["cowrite.status"] == "failed"
+    assert run.status.status_code is StatusCode.ERROR
+    assert len(_named(spans, "cowrite.tool")) == 1  # the open tool span ended with it
+    assert tracing.active is not None and not tracing.active._runs
+
+
+def test_a_run_that_moves_ends_its_spans_here_and_is_traced_where_it_goes_on(
+        exporter: InMemorySpanExporter) -> None:
+    """A run handed to another instance (its lease lost here, `Resume` there) ended no
+    span on the instance it left and opened none on the one that took it over."""
+    tracer = tracing.configure(make_settings(otel=True))
+    assert tracer is not None
+    machine = RunMachine(MachineConfig(signer=Authenticator(make_settings()),
+                                       tool_timeout_s=60, approval_timeout_s=60,
+                                       run_timeout_s=600, client_grace_s=30))
+    state = RunState(run_id="r-moved", document_id="d", mode="agent", user_id="u",
+                     client_id="c", prompt="p", model="m", max_steps=5)
+    for event in (Begin(0, "start"), LeaseLost()):
+        decision = machine.decide(state, event)
+        tracer.observe(event, decision)
+        state = decision.state
+    (left,) = _named(exporter.get_finished_spans(), "cowrite.run")
+    assert left.attributes is not None and left.attributes["cowrite.status"] == "moved"
+    assert left.status.status_code is StatusCode.UNSET
+    exporter.clear()
+    taken = RunState(run_id="r-moved", document_id="d", mode="agent", user_id="u",
+                     client_id="c", prompt="p", model="m", max_steps=5, phase="model",
+                     status="running", step=1, message_id="r-moved:m1")
+    resume = Resume("owner_lost", 0, False, False)
+    decision = machine.decide(taken, resume)
+    tracer.observe(resume, decision)
+    decision = machine.decide(decision.state, Cancel("u", "c"))
+    tracer.observe(Cancel("u", "c"), decision)
+    (resumed,) = _named(exporter.get_finished_spans(), "cowrite.run")
+    assert resumed.attributes is not None
+    assert resumed.attributes["cowrite.resumed"] == "owner_lost"
+    assert resumed.attributes["cowrite.status"] == "cancelled"
 
 
 async def test_the_providers_sampler_decides_per_run(exporter: InMemorySpanExporter) -> None:

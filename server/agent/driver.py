@@ -12,9 +12,8 @@ Atomicity: a decision's state becomes the run's state only once its first
 or `approval`, the start); a failed publish leaves the old state and answers
 the sender `unavailable` or `invalid_message`, so the client may retry. Other
 decisions are committed at once and their events published with retries,
-like an outbox. Whatever fails, the run ends and the document is released:
-a bug becomes `failed`/`internal_error`, and if even that cannot be logged
-the document is freed anyway.
+like an outbox. Whatever fails, the run ends and the document is released: a
+bug becomes `failed`/`internal_error`, or the document is freed anyway.
 """
 
 import asyncio
@@ -164,8 +163,10 @@ class RunDriver:
             ref = new_ref()
             logger.error("run driver stopped early (ref %s); ending the run", ref,
                          extra=self.log_extra)
-            decision = self.env.machine.decide(self.state, Crashed(ref))
+            decision = self.env.machine.decide(self.state, crashed := Crashed(ref))
             self.state = decision.state
+            if tracing.active is not None:
+                tracing.active.observe(crashed, decision)  # the run's spans end with it
             with contextlib.suppress(Exception):
                 for effect in decision.effects:
                     if isinstance(effect, Publish):
