@@ -40,7 +40,7 @@ from server.agent.remote import RunRouter
 from server.agent.steps import MachineConfig
 from server.auth import Authenticator, AuthError, Principal
 from server.backends.base import Backend, BackendUnavailable
-from server.backends.memory import MemoryBackend
+from server.backends.memory import HISTORY_MAX_ENTRIES, MemoryBackend
 from server.direct_route import DirectRoute
 from server.endpoint import DOCUMENT_ID_RE, document_socket
 from server.limits import HandshakeGate
@@ -55,6 +55,8 @@ from server.tools.factory import build_catalog
 from server.transport import TransportHandle
 
 THREAD_ID_RE = re.compile(THREAD_ID_PATTERN)
+LIMIT_RE = re.compile(r"[0-9]{1,6}")
+HISTORY_LIMIT_MAX = HISTORY_MAX_ENTRIES  # a document keeps no more than this
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 DOCUMENT_SOCKET = "/v1/documents/{document_id:path}/ws"
 
@@ -223,9 +225,14 @@ def create_app(settings: Settings | None = None) -> Starlette:
         thread = request.query_params.get("thread", DEFAULT_THREAD)
         if not THREAD_ID_RE.fullmatch(thread):
             return _json({"error": "thread must match [A-Za-z0-9._:-]{1,64}"}, 400)
+        limit = request.query_params.get("limit", str(HISTORY_LIMIT_MAX))
+        if not LIMIT_RE.fullmatch(limit) or not 1 <= int(limit) <= HISTORY_LIMIT_MAX:
+            return _json({"error": f"limit must be an integer from 1 to {HISTORY_LIMIT_MAX}"},
+                         400)
         messages = [entry for entry in entries if thread_of(entry) == thread]
+        kept = messages[-int(limit):]  # the newest
         return _json({"document_id": request.path_params["document_id"], "thread_id": thread,
-                      "messages": messages})
+                      "messages": kept, "more": len(kept) < len(messages)})
 
     async def list_threads(request: Request) -> Response:
         entries = await document_history(request)

@@ -73,6 +73,26 @@ async def test_client_tool_round_trip_and_history(server: Server) -> None:
     assert "read-only" in messages[4]["content"]
 
 
+async def test_history_limit_gives_the_newest_messages(server: Server) -> None:
+    """`?limit=N`: the newest N messages of the thread and whether older ones are left;
+    a bad limit is a 400 (the parameter was ignored: every request got all of them)."""
+    async with joined(server) as (client, _):
+        for word in ("one", "two", "three"):
+            await start(client, script({"say": word}))
+            await client.recv_until("run.finished")
+    auth = {"Authorization": f"Bearer {token()}"}
+    async with httpx.AsyncClient(base_url=server.http) as http:
+        url = "/v1/documents/doc-1/history"
+        whole = (await http.get(url, headers=auth)).json()
+        newest = (await http.get(url, params={"limit": 2}, headers=auth)).json()
+        refused = [(await http.get(url, params={"limit": bad}, headers=auth)).status_code
+                   for bad in ("0", "-1", "2.5", "many", "2001", "\u00b2")]
+    assert len(whole["messages"]) == 6 and whole["more"] is False
+    assert newest["messages"] == whole["messages"][-2:] and newest["more"] is True
+    assert [m["content"] for m in newest["messages"]][-1].endswith("three")
+    assert refused == [400] * 6
+
+
 async def test_last_element_with_tools_takes_one_more_call(server: Server) -> None:
     async with joined(server) as (client, _):
         await start(client, script({"tool_calls": [call("read_document")]}))
