@@ -355,6 +355,11 @@ def test_mcp_names_and_result_mapping() -> None:
     assert tool_output(mixed) == [
         {"type": "text", "text": "a picture"},
         {"type": "image", "data": "<6 bytes omitted>", "mimeType": "image/png"}]
+    blob = mcp_types.EmbeddedResource(type="resource", resource=mcp_types.BlobResourceContents(
+        uri="file:///a.pdf", mime_type="application/pdf", blob="aGVsbG8h"))
+    assert tool_output(mcp_types.CallToolResult(content=[text, blob]))[1] == {
+        "type": "resource", "resource": {"uri": "file:///a.pdf", "mimeType": "application/pdf",
+                                         "blob": "<6 bytes omitted>"}}
     two_texts = mcp_types.CallToolResult(content=[text, text])
     assert tool_output(two_texts) == "a picture\na picture"
     structured = mcp_types.CallToolResult(content=[text], structured_content={"n": 1})

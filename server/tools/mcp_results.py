@@ -9,8 +9,8 @@ silently collide with another.
 Results: `structuredContent` when the server sends it (the JSON object is the
 output as is); otherwise the text blocks joined by newlines (a string);
 otherwise, when there are non-text blocks, the list of blocks as JSON, with
-the base64 `data` of images and audio replaced by its size, since a model
-cannot use the bytes as text. `isError` results raise ToolError with the text.
+the base64 `data` of images and audio, and the `blob` of embedded binary
+resources, replaced by its size, since a model cannot use the bytes as text. `isError` results raise ToolError with the text.
 """
 
 import re
@@ -38,6 +38,10 @@ def _block(block: Any) -> Any:
     data: dict[str, Any] = block.model_dump(mode="json", by_alias=True, exclude_none=True)
     if data.get("type") in ("image", "audio") and isinstance(data.get("data"), str):
         data["data"] = f"<{len(data['data']) * 3 // 4} bytes omitted>"
+    resource = data.get("resource")
+    if data.get("type") == "resource" and isinstance(resource, dict) \
+            and isinstance(resource.get("blob"), str):  # an embedded binary resource
+        resource["blob"] = f"<{len(resource['blob']) * 3 // 4} bytes omitted>"
     return data
 
 
