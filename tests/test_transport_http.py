@@ -75,7 +75,8 @@ async def test_history_requires_a_token_for_the_document(server: Server) -> None
         foreign = {"Authorization": f"Bearer {token(docs=['other'])}"}
         assert (await http.get(url, headers=foreign)).status_code == 403
         ok = await http.get(url, headers={"Authorization": f"Bearer {token()}"})
-        assert ok.json() == {"document_id": "doc-1", "thread_id": "main", "messages": []}
+        assert ok.json() == {"document_id": "doc-1", "thread_id": "main", "messages": [],
+                             "more": False}
 
 
 @pytest.mark.parametrize("document_id", ["bad%20id", "a" * 129, "x%2Fy"])
