@@ -24,10 +24,11 @@ async def test_ai_sdk_client_tool_continues_the_same_run(server: Server) -> None
             "tools": [READ]})
         assert status == 200 and chunks[-1] == "[DONE]"
         types = [c["type"] for c in chunks[:-1]]
-        assert types[0] == "start" and types[-2:] == ["tool-input-available", "finish"]
+        assert types[:2] == ["start", "start-step"]
+        assert types[-3:] == ["tool-input-available", "finish-step", "finish"]
         text = "".join(c["delta"] for c in chunks[:-1] if c["type"] == "text-delta")
         assert text == "Reading."
-        tool = chunks[-3]
+        tool = chunks[-4]
         assert tool["toolName"] == "read_document" and "token" not in orjson.dumps(chunks).decode()
         started = await watcher.recv_until("run.started")
         assert started["client_id"] == "ai-sdk:chat1"
@@ -38,7 +39,11 @@ async def test_ai_sdk_client_tool_continues_the_same_run(server: Server) -> None
         status, rest = await sse(http, "POST", url, {
             "id": "chat1", "messages": [user_message(prompt), assistant], "tools": [READ]})
         assert status == 200
-        assert [c["type"] for c in rest[:-1]][-1] == "finish"
+        # the tool's output, then the model's next step: the last step has no tool parts,
+        # so a useChat `sendAutomaticallyWhen` does not send again once the run ends
+        assert [c["type"] for c in rest[:-1]] == [
+            "start", "tool-output-available", "start-step", "text-start",
+            *["text-delta"] * (len(rest) - 8), "text-end", "finish-step", "finish"]
         assert rest[-2] == {"type": "finish", "finishReason": "stop"}
         assert "Read it." == "".join(c["delta"] for c in rest if isinstance(c, dict)
                                      and c["type"] == "text-delta")
@@ -99,9 +104,10 @@ async def test_ai_sdk_reconnect_replays_and_cancel_from_websocket(server: Server
                 async for line in resumed.aiter_lines():
                     if line.startswith("data: {"):
                         seen.append(orjson.loads(line[6:]))
-                        if len(seen) == 3:
+                        if len(seen) == 4:
                             break
-                assert [c["type"] for c in seen] == ["start", "text-start", "text-delta"]
+                assert [c["type"] for c in seen] == ["start", "start-step", "text-start",
+                                                     "text-delta"]
             started = await tab.recv_until("run.started")
             await tab.send({"type": "run.cancel", "run_id": started["run_id"]})
             rest = [line async for line in lines if line.startswith("data: ")]

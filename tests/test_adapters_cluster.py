@@ -49,7 +49,7 @@ async def test_ai_sdk_chat_continues_and_reconnects_through_the_other_instance()
         assert (await http.get(f"{_chat(two, 'doc-x')}/chat1/stream",
                                headers=_auth("carol"))).status_code == 204
 
-        tool = first[-3]
+        tool = first[-4]
         assert tool["type"] == "tool-input-available" and tool["toolName"] == "read_document"
         assistant = {"id": first[0]["messageId"], "role": "assistant", "parts": [
             {"type": "tool-read_document", "toolCallId": tool["toolCallId"],
@@ -61,7 +61,7 @@ async def test_ai_sdk_chat_continues_and_reconnects_through_the_other_instance()
         status, rest = await sse(http, "POST", _chat(two, "doc-x"), body)
         assert status == 200 and rest[0] == first[0]  # the same assistant message goes on
         assert _text(rest) == "Read it."
-        assert rest[-3]["type"] == "tool-approval-request" and rest[-2]["finishReason"] == \
+        assert rest[-4]["type"] == "tool-approval-request" and rest[-2]["finishReason"] == \
             "tool-calls"
         done = await watcher.recv_until("tool.done")
         assert done["call_id"] == tool["toolCallId"] and done["output"] == {"text": "hi"}
@@ -70,7 +70,7 @@ async def test_ai_sdk_chat_continues_and_reconnects_through_the_other_instance()
             assert status == 200 and replayed == first[:-1] + rest
 
         # The approval is answered through the first instance, which saw the run go on.
-        call_id = rest[-3]["toolCallId"]
+        call_id = rest[-4]["toolCallId"]
         approving = {"id": first[0]["messageId"], "role": "assistant", "parts": [
             *assistant["parts"],
             {"type": "tool-replace_document", "toolCallId": call_id, "input": {"text": "New"},
@@ -158,7 +158,7 @@ async def test_ai_sdk_chat_outlives_the_instance_that_started_it() -> None:
         assert status == 200 and first[-2]["finishReason"] == "tool-calls"
         await killed(one)  # kill -9 while the run waits on the frontend's tool
 
-        tool = first[-3]
+        tool = first[-4]
         assistant = {"id": first[0]["messageId"], "role": "assistant", "parts": [
             {"type": "tool-read_document", "toolCallId": tool["toolCallId"],
              "state": "output-available", "input": {}, "output": {"text": "hi"}}]}

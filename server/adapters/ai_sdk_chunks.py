@@ -11,6 +11,14 @@ and really dispatched to the client. A segment ends after a client tool's
 `finishReason: "tool-calls"`), and at the run's end: `finish` (`stop`),
 `abort` for a cancelled or aborted run, `error` then `finish` (`error`) for a
 failed or timed-out one.
+
+Steps: content (text, a tool's input, an approval request) opens a step
+(`start-step`), a segment's `finish` closes it (`finish-step`), and content that
+follows tool results opens the next one. The AI SDK's
+`lastAssistantMessageIsCompleteWithToolCalls` (what `useChat` apps pass as
+`sendAutomaticallyWhen`) looks at the last step only: without steps, a finished
+run whose tools all had their outputs looked like one waiting for them to be
+sent, and the chat sent again, into a 409.
 """
 
 from typing import Any
@@ -37,9 +45,25 @@ class AiSdkTranslator:
         self.open_texts: list[str] = []
         self.shown_inputs: set[str] = set()  # calls whose input the client already has
         self.server_calls: set[str] = set()
+        self.step_open = False
+        self.step_has_results = False  # a tool output came in the open step
 
     def opening(self) -> list[Chunk]:
+        self.step_open = self.step_has_results = False
         return [{"type": "start", "messageId": self.message_id}]
+
+    def _content(self) -> list[Chunk]:
+        """What goes before new content: a step opened, or the next one after results."""
+        if self.step_open and not self.step_has_results:
+            return []
+        chunks: list[Chunk] = [{"type": "finish-step"}] if self.step_open else []
+        self.step_open, self.step_has_results = True, False
+        return [*chunks, {"type": "start-step"}]
+
+    def _finish(self, reason: str) -> list[Chunk]:
+        chunks: list[Chunk] = [{"type": "finish-step"}] if self.step_open else []
+        self.step_open = self.step_has_results = False
+        return [*chunks, {"type": "finish", "finishReason": reason}]
 
     def _close_texts(self) -> list[Chunk]:
         chunks = [{"type": "text-end", "id": text_id} for text_id in self.open_texts]
@@ -51,7 +75,7 @@ class AiSdkTranslator:
             chunks: list[Chunk] = []
             if event.message_id not in self.open_texts:
                 self.open_texts.append(event.message_id)
-                chunks.append({"type": "text-start", "id": event.message_id})
+                chunks += [*self._content(), {"type": "text-start", "id": event.message_id}]
             chunks.append({"type": "text-delta", "id": event.message_id, "delta": event.delta})
             return chunks, False
         if isinstance(event, MessageDone):
@@ -60,18 +84,17 @@ class AiSdkTranslator:
                 return [{"type": "text-end", "id": event.message_id}], False
             if not event.text:
                 return [], False
-            return [{"type": "text-start", "id": event.message_id},
+            return [*self._content(), {"type": "text-start", "id": event.message_id},
                     {"type": "text-delta", "id": event.message_id, "delta": event.text},
                     {"type": "text-end", "id": event.message_id}], False
         if isinstance(event, ToolCall):
             return self._tool_call(event, ours)
         if isinstance(event, ApprovalRequested):
-            chunks = [*self._close_texts(), *self._input(event.call_id, event.name,
-                                                         event.arguments)]
+            chunks = [*self._close_texts(), *self._content(),
+                      *self._input(event.call_id, event.name, event.arguments)]
             self.shown_inputs.add(event.call_id)
             chunks += [{"type": "tool-approval-request", "approvalId": event.call_id,
-                        "toolCallId": event.call_id},
-                       {"type": "finish", "finishReason": "tool-calls"}]
+                        "toolCallId": event.call_id}, *self._finish("tool-calls")]
             return chunks, True
         if isinstance(event, ApprovalResolved):
             return [{"type": "tool-approval-response", "approvalId": event.call_id,
@@ -95,7 +118,8 @@ class AiSdkTranslator:
             self.server_calls.add(event.call_id)
         chunks = self._close_texts()
         if event.call_id not in self.shown_inputs:
-            chunks += self._input(event.call_id, event.name, event.arguments, server)
+            chunks += [*self._content(),
+                       *self._input(event.call_id, event.name, event.arguments, server)]
             self.shown_inputs.add(event.call_id)
         available: Chunk = {"type": "tool-input-available", "toolCallId": event.call_id,
                             "toolName": event.name, "input": event.arguments}
@@ -103,12 +127,13 @@ class AiSdkTranslator:
             available.update(dynamic=True, providerExecuted=True)
         chunks.append(available)
         if ours:
-            chunks.append({"type": "finish", "finishReason": "tool-calls"})
+            chunks += self._finish("tool-calls")
         return chunks, ours
 
     def _tool_done(self, event: ToolDone) -> list[Chunk]:
         if event.call_id not in self.shown_inputs:
             return []
+        self.step_has_results = self.step_open
         extra: dict[str, Any] = ({"dynamic": True, "providerExecuted": True}
                                  if event.call_id in self.server_calls else {})
         if event.status == "ok":
@@ -124,9 +149,8 @@ class AiSdkTranslator:
         chunks = self._close_texts()
         why = f"{event.status}" + (f": {event.reason}" if event.reason else "")
         if event.status == "completed":
-            return [*chunks, {"type": "finish", "finishReason": "stop"}]
+            return [*chunks, *self._finish("stop")]
         if event.status in ("cancelled", "aborted"):
             return [*chunks, {"type": "abort", "reason": why}]
         text = f"run {why}" + (f" ({event.error.message})" if event.error else "")
-        return [*chunks, {"type": "error", "errorText": text},
-                {"type": "finish", "finishReason": "error"}]
+        return [*chunks, {"type": "error", "errorText": text}, *self._finish("error")]

@@ -8,7 +8,9 @@ import { spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
 import WebSocket from "ws";
-import { DefaultChatTransport, WebSocketChatTransport } from "ai";
+import {
+  AbstractChat, DefaultChatTransport, WebSocketChatTransport, lastAssistantMessageIsCompleteWithToolCalls,
+} from "ai";
 import { HttpAgent } from "@ag-ui/client";
 import { READ, freePort, last, readingAgent, script, user } from "./adapter_support.mjs";
 
@@ -87,6 +89,51 @@ test("DefaultChatTransport: a client tool answered by the frontend continues the
   assert.equal(finished.status, "completed");
   assert.equal(watch.events.filter((e) => e.type === "run.started").length, 1);
   assert.deepEqual(watch.events.find((e) => e.type === "tool.done").output, { text: "hi" });
+  watch.ws.close();
+});
+
+/** What `useChat` runs, minus React: the SDK's Chat over an in-memory state. */
+class MemoryChat extends AbstractChat {
+  constructor(init) {
+    const state = { status: "ready", error: undefined, messages: [],
+      pushMessage(m) { this.messages = this.messages.concat(m); },
+      popMessage() { this.messages = this.messages.slice(0, -1); },
+      replaceMessage(i, m) { this.messages = [...this.messages.slice(0, i), m, ...this.messages.slice(i + 1)]; },
+      snapshot: (x) => structuredClone(x) };
+    super({ ...init, state });
+  }
+}
+
+test("useChat's usual client-tool setup (sendAutomaticallyWhen) ends ready, not in a 409", async () => {
+  const doc = "node-ai-auto";
+  const watch = await watcher(doc);
+  const statuses = [];
+  const transport = new DefaultChatTransport({
+    api: `${base}/v1/ai-sdk/${doc}/chat`, headers: { authorization: `Bearer ${token}` },
+    body: { tools: [READ] },
+    fetch: async (url, init) => { const r = await fetch(url, init); statuses.push(r.status); return r; } });
+  const errors = [];
+  const chat = new MemoryChat({ id: "chat-auto", transport,
+    sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithToolCalls,
+    onError: (error) => errors.push(error.message),
+    onToolCall: ({ toolCall }) => {
+      chat.addToolOutput({ tool: toolCall.toolName, toolCallId: toolCall.toolCallId,
+        output: { text: "hi" } });
+    } });
+  await chat.sendMessage({ text: script({ say: "Reading.", tool_calls: [{ name: "read_document", arguments: {} }] },
+    { say: "It says hi." }) });
+  const finished = await watch.next((e) => e.type === "run.finished");
+  assert.equal(finished.status, "completed");
+  for (let i = 0; i < 100 && (chat.status !== "ready" || statuses.length < 2); i++) {
+    await new Promise((resolve) => setTimeout(resolve, 20));  // the automatic send settles
+  }
+  await new Promise((resolve) => setTimeout(resolve, 200));  // room for a third send, if any
+  assert.deepEqual(statuses, [200, 200]);  // the answer; no send after the run's end
+  assert.deepEqual(errors, []);
+  assert.equal(chat.status, "ready");
+  const parts = chat.messages.at(-1).parts;
+  assert.deepEqual(parts.filter((p) => p.type === "text").map((p) => p.text), ["Reading.", "It says hi."]);
+  assert.equal(parts.at(-2).type, "step-start");  // the last step: the final text alone
   watch.ws.close();
 });
 
