@@ -42,9 +42,41 @@ class Continuation:
                     return
 
 
-async def finish(continuation: Continuation) -> None:
-    """A coroutine that finishes `continuation`, for `create_task`, which wants one."""
-    await continuation
+class _Rest(Coroutine[Any, Any, None]):
+    """The rest of a coroutine suspended on `waiting`, as a task's coroutine. Not an
+    `async def` that awaits a `Continuation`: a task cancelled before its first step
+    never runs such a wrapper, so the cancel never reached the coroutine, which was
+    dropped where it waited (an `async for` suspended in its generator's `__anext__`
+    left the generator "running": collected, it logged "Task exception was never
+    retrieved ... aclose(): asynchronous generator is already running"). Here the
+    task's first step gets `waiting`, and every throw, that early cancel too, goes
+    into the coroutine where it waits, as if it had been the task's all along."""
+
+    __slots__ = ("_coro", "_first")
+
+    def __init__(self, coro: Coroutine[Any, Any, None], waiting: Any) -> None:
+        self._coro = coro
+        self._first: list[Any] | None = [waiting]  # until the task's first step takes it
+
+    def send(self, value: Any) -> Any:
+        first = self._first
+        if first is not None:
+            self._first = None
+            return first[0]
+        return self._coro.send(value)
+
+    def throw(self, *exc: Any) -> Any:
+        self._first = None
+        return self._coro.throw(*exc)
+
+    def close(self) -> None:
+        self._coro.close()
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        if self._first is None:
+            raise RuntimeError("already resumed")
+        waiting, self._first = self._first[0], None
+        return Continuation(self._coro, waiting).__await__()
 
 
 def start_eagerly(coroutine: Coroutine[Any, Any, None],
@@ -58,4 +90,4 @@ def start_eagerly(coroutine: Coroutine[Any, Any, None],
         waiting = coroutine.send(None)
     except StopIteration:
         return None
-    return spawn(finish(Continuation(coroutine, waiting)))
+    return spawn(_Rest(coroutine, waiting))

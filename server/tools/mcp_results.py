@@ -10,7 +10,8 @@ Results: `structuredContent` when the server sends it (the JSON object is the
 output as is); otherwise the text blocks joined by newlines (a string);
 otherwise, when there are non-text blocks, the list of blocks as JSON, with
 the base64 `data` of images and audio, and the `blob` of embedded binary
-resources, replaced by its size, since a model cannot use the bytes as text. `isError` results raise ToolError with the text.
+resources, replaced by its size, since a model cannot use the bytes as text.
+`isError` results raise ToolError with the text.
 """
 
 import re
