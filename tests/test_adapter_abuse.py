@@ -97,6 +97,39 @@ async def test_a_viewers_abort_stops_its_stream_but_not_the_run(server: Server) 
         await viewer.ws.send(orjson.dumps({"type": "abort", "requestId": "v"}).decode())
         finished = await tab.recv_until("run.finished", timeout=10)
         assert finished["status"] == "completed"  # was cancelled/user_cancelled
+        while orjson.loads(await editor.ws.recv())["type"] != "end":
+            pass  # read: a client that leaves frames unread waits 10 s to close
+
+
+async def test_an_abort_of_a_resume_stops_that_stream_not_the_run(server: Server) -> None:
+    """The AI SDK aborts a `resume` that a newer one replaces (a remount, StrictMode's
+    second effect): that cancelled the run for everyone."""
+    url = f"ws://127.0.0.1:{server.settings.port}/v1/ai-sdk/doc-r/ws?token={token('alice')}"
+    slow = script({"say": "x" * 60}, chunk_chars=1, delay_ms=20)
+    send: dict[str, Any] = {"type": "send", "requestId": "s", "id": "chat-r", "trigger":
+                            "submit-message", "messages": [{"id": "m", "role": "user",
+                                                            "parts": [{"type": "text",
+                                                                       "text": slow}]}]}
+    async with ws_client(url) as first, ws_client(url) as second, \
+            joined(server, "doc-r", client_id="w") as (tab, _):
+        await first.ws.send(orjson.dumps(send).decode())
+        await tab.recv_until("run.started")
+        for request in ("r1", "r2"):
+            await second.ws.send(orjson.dumps({"type": "resume", "requestId": request,
+                                               "id": "chat-r"}).decode())
+            while orjson.loads(await second.ws.recv())["type"] != "start":
+                pass
+        await second.ws.send(orjson.dumps({"type": "abort", "requestId": "r1"}).decode())
+        finished = await tab.recv_until("run.finished", timeout=10)
+        assert finished["status"] == "completed"  # was cancelled/user_cancelled
+        ends = []
+        while len(ends) < 1:
+            frame = orjson.loads(await second.ws.recv())
+            if frame["type"] == "end":
+                ends.append(frame["requestId"])
+        assert ends == ["r2"]  # the newer resume followed the run to its end
+        while orjson.loads(await first.ws.recv())["type"] != "end":
+            pass  # read: a client that leaves frames unread waits 10 s to close
 
 
 async def test_the_dev_token_needs_a_loopback_host_a_json_body_and_no_other_origin() -> None:

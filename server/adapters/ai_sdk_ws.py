@@ -4,8 +4,9 @@ Client frames: `send` (the chat request of `POST .../chat`, its JWT in
 `headers.authorization` or the connection's `token` query parameter),
 `resume` (replays the chat's active run from its start, skipping up to
 `lastSequence`; `no-active` when there is none) and `abort` (stops the
-request's stream and cancels its run). Server frames: `start`, `chunk`
-(`sequence` from 0 per request), `end`, `error` (`errorText`), `no-active`.
+request's stream; a `send`'s also cancels its run, a `resume`'s does not).
+Server frames: `start`, `chunk` (`sequence` from 0 per request), `end`,
+`error` (`errorText`), `no-active`.
 Each request streams in its own task; frames are written one at a time.
 Bad frames get `error` for their request (or are dropped when they name
 none); the socket stays open. At most `MAX_IN_FLIGHT` requests stream at
@@ -140,7 +141,10 @@ class _Socket:
                 self.on_authenticated()
                 if self.waiting is not None:  # the read under way no longer has a deadline
                     self.waiting.reschedule(None)
-            if principal.role == "viewer":  # a viewer's abort cancelled the run it followed
+            # Their abort stops their own stream only: a viewer's cancelled the run it
+            # followed, and so did a resume's (the AI SDK aborts a resume that a newer one
+            # replaces: a remount, React StrictMode's second effect, a retry).
+            if principal.role == "viewer" or frame["type"] == "resume":
                 self.viewing.add(request_id)
             if frame["type"] == "send":
                 given = frame.get("body")
