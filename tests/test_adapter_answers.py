@@ -78,10 +78,42 @@ async def test_agui_an_approval_payload_that_is_not_an_object_approves_nothing(
         entry = {"interruptId": call_id, "status": "resolved", "payload": {"approved": False}}
         status, rest = await sse(http, "POST", url, _agui("p2", [user], resume=[entry]))
         assert status == 200 and rest[-1]["type"] == "RUN_FINISHED"
+        # the rejected call was never started (no TOOL_CALL_START): no result for it,
+        # which left a tool message naming no call in the agent's messages
+        assert [e["type"] for e in rest if e["type"].startswith("TOOL_CALL")] == []
         resolved = await watcher.recv_until("approval.resolved")
         assert resolved["decision"] == "reject"
         done = await watcher.recv_until("tool.done")
         assert done["status"] == "rejected"
+
+
+async def test_ai_sdk_a_server_tool_behind_an_approval_stays_one_part(tmp_path: Path) -> None:
+    """Its approval request showed a static part; after the approval the call's chunks
+    said `dynamic`, and the SDK added a second part, left `input-available` for ever."""
+    config = tmp_path / "cowrite.toml"
+    config.write_text('[[tools]]\nimport = "tests.tool_fixtures:greet"\n'
+                      "requires_approval = true\n")
+    prompt = script({"tool_calls": [{"name": "greet", "arguments": {"name": "A"}}]},
+                    {"say": "Greeted."})
+    async with running_server(config=config) as server, httpx.AsyncClient() as http:
+        url = f"{server.http}/v1/ai-sdk/one-part/chat"
+        _, first = await sse(http, "POST", url, {"id": "c", "messages": [user_message(prompt)]})
+        request = next(c for c in first if c != "[DONE]" and c["type"] ==
+                       "tool-approval-request")
+        assistant = {"id": first[0]["messageId"], "role": "assistant", "parts": [
+            {"type": "tool-greet", "toolCallId": request["toolCallId"], "input": {"name": "A"},
+             "state": "approval-responded", "approval": {"id": request["approvalId"],
+                                                         "approved": True}}]}
+        _, rest = await sse(http, "POST", url, {"id": "c", "messages": [
+            user_message(prompt), assistant]})
+    of_call = [c for c in first + rest if c != "[DONE]"
+               and c.get("toolCallId") == request["toolCallId"]]
+    assert [c["type"] for c in of_call] == [
+        "tool-input-start", "tool-input-delta", "tool-approval-request",
+        "tool-input-available", "tool-output-available"]
+    assert not any(c.get("dynamic") for c in of_call)  # one static part, start to end
+    assert of_call[-1]["providerExecuted"] is True
+    assert of_call[-1]["output"]["text"].startswith("hello A")
 
 
 async def test_another_user_naming_the_same_chat_does_not_take_it_over(server: Server

@@ -81,6 +81,7 @@ class AguiTranslator:
         self.ids = (thread_id, run_id)
         self.open_texts: list[str] = []
         self.client_calls: set[str] = set()
+        self.started_calls: set[str] = set()  # TOOL_CALL_START sent: a result may follow
 
     def opening(self) -> list[BaseEvent]:
         return [RunStartedEvent(thread_id=self.ids[0], run_id=self.ids[1])]
@@ -112,6 +113,7 @@ class AguiTranslator:
                     TextMessageContentEvent(message_id=event.message_id, delta=event.text),
                     TextMessageEndEvent(message_id=event.message_id)], False
         if isinstance(event, ToolCall):
+            self.started_calls.add(event.call_id)
             events = [*self._close_texts(), *_call(event.call_id, event.name, event.arguments)]
             if not ours:
                 return events, False
@@ -127,7 +129,9 @@ class AguiTranslator:
             return [*self._close_texts(), RunFinishedEvent(
                 thread_id=thread_id, run_id=run_id,
                 outcome=RunFinishedInterruptOutcome(interrupts=[interrupt]))], True
-        if isinstance(event, ToolDone) and event.call_id not in self.client_calls:
+        if isinstance(event, ToolDone) and event.call_id in self.started_calls \
+                and event.call_id not in self.client_calls:  # not a rejected approval's call:
+            # its TOOL_CALL_RESULT named a call never started, left dangling in the agent
             content = event.output if event.status == "ok" else {"status": event.status,
                                                                  "error": event.error}
             return [ToolCallResultEvent(message_id=f"{event.call_id}:result",

@@ -45,6 +45,7 @@ class AiSdkTranslator:
         self.open_texts: list[str] = []
         self.shown_inputs: set[str] = set()  # calls whose input the client already has
         self.server_calls: set[str] = set()
+        self.dynamic_calls: set[str] = set()  # shown as dynamic parts (static: the rest)
         self.step_open = False
         self.step_has_results = False  # a tool output came in the open step
 
@@ -108,6 +109,8 @@ class AiSdkTranslator:
     def _input(self, call_id: str, name: str, arguments: dict[str, Any],
                server: bool = False) -> list[Chunk]:
         extra: dict[str, Any] = {"dynamic": True, "providerExecuted": True} if server else {}
+        if server:
+            self.dynamic_calls.add(call_id)
         return [{"type": "tool-input-start", "toolCallId": call_id, "toolName": name, **extra},
                 {"type": "tool-input-delta", "toolCallId": call_id,
                  "inputTextDelta": orjson.dumps(arguments).decode()}]
@@ -123,19 +126,28 @@ class AiSdkTranslator:
             self.shown_inputs.add(event.call_id)
         available: Chunk = {"type": "tool-input-available", "toolCallId": event.call_id,
                             "toolName": event.name, "input": event.arguments}
-        if server:
-            available.update(dynamic=True, providerExecuted=True)
+        available.update(self._executed(event.call_id))
         chunks.append(available)
         if ours:
             chunks += self._finish("tool-calls")
         return chunks, ours
 
+    def _executed(self, call_id: str) -> dict[str, Any]:
+        """A server call's marks, in the kind of part its input was first shown as: a
+        server tool behind an approval was shown as a static part (the approval request
+        does not say who runs the tool), and a `dynamic` mark later made the SDK add a
+        second part for the same call, left `input-available` for ever."""
+        if call_id not in self.server_calls:
+            return {}
+        if call_id in self.dynamic_calls:
+            return {"dynamic": True, "providerExecuted": True}
+        return {"providerExecuted": True}
+
     def _tool_done(self, event: ToolDone) -> list[Chunk]:
         if event.call_id not in self.shown_inputs:
             return []
         self.step_has_results = self.step_open
-        extra: dict[str, Any] = ({"dynamic": True, "providerExecuted": True}
-                                 if event.call_id in self.server_calls else {})
+        extra = self._executed(event.call_id)
         if event.status == "ok":
             return [{"type": "tool-output-available", "toolCallId": event.call_id,
                      "output": event.output, **extra}]
