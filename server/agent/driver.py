@@ -1,11 +1,10 @@
 """Runs one run: feeds inputs to the machine, one at a time, and executes its effects.
 
-The driver owns the I/O of a run and none of its decisions. One task reads
-the run's inbox and applies each input in order; the model call, a server
-tool and the lease renewal are children in one `asyncio.TaskGroup` that only
-ever put inputs back into the inbox; timers are loop callbacks that do the
-same. So every decision is taken by one task, in order, and an ending can
-cancel all the work of the run at once.
+The driver owns the I/O of a run and none of its decisions. One task reads the
+run's inbox and applies each input in order; the model call, a server tool and
+the lease renewal are children in one `asyncio.TaskGroup` that only ever put
+inputs back into the inbox; timers are loop callbacks that do the same. So every
+decision is taken by one task, in order, and an ending can cancel all of it.
 
 Atomicity: a decision's state becomes the run's state only once its first
 `Publish` is logged when the input can be refused (a client's `tool.result`
