@@ -56,8 +56,12 @@ async def test_a_start_that_left_the_log_gives_what_the_log_kept() -> None:
 
 # -- adoption against a real server (in process: the second `ChatRuns` stands for the
 #    adapter state of another instance; the run itself stays the first one's) ------------
+def _tool_input(first: list[Any]) -> dict[str, Any]:
+    return next(c for c in first if c != "[DONE]" and c["type"] == "tool-input-available")
+
+
 def _answer_to(first: list[Any]) -> dict[str, Any]:
-    tool = first[-3]
+    tool = _tool_input(first)
     return {"id": first[0]["messageId"], "role": "assistant", "parts": [
         {"type": "tool-read_document", "toolCallId": tool["toolCallId"],
          "state": "output-available", "input": {}, "output": {"text": "hi"}}]}
@@ -102,7 +106,7 @@ async def test_an_answer_in_flight_when_the_run_ends_gets_its_refusal_at_once(
         principal = srv.services.auth.verify(token("alice"))
         adopted = await other.find("ai-sdk", "doc-s", "c1", principal, AiSdkTranslator)
         assert isinstance(adopted, ChatRun) and list(adopted.pending) == [
-            first[-3]["toolCallId"]]
+            _tool_input(first)["toolCallId"]]
         message = _answer_in(adopted, _answer_to(first))
         assert message is not None
         handle = adopted.link.session.handle
