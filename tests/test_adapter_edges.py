@@ -145,8 +145,8 @@ async def test_ai_sdk_answers_of_the_wrong_shape_leave_the_approval_pending(serv
         status, after = await sse(http, "POST", url, orjson.loads(answer(
             approval={"id": request["approvalId"], "approved": False, "reason": "no"})))
         assert status == 200
-        assert [c["type"] for c in after[:-1]][:3] == [
-            "start", "tool-approval-response", "tool-output-denied"]
+        assert [c["type"] for c in after[:-1]][:4] == [
+            "start", "tool-approval-response", "start-step", "tool-output-denied"]
         resolved = await tab.recv_until("approval.resolved")
         assert resolved["decision"] == "reject"
         assert [e["type"] for e in tab.events].count("approval.resolved") == 1

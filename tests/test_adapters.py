@@ -42,7 +42,7 @@ async def test_ai_sdk_client_tool_continues_the_same_run(server: Server) -> None
         # the tool's output, then the model's next step: the last step has no tool parts,
         # so a useChat `sendAutomaticallyWhen` does not send again once the run ends
         assert [c["type"] for c in rest[:-1]] == [
-            "start", "tool-output-available", "start-step", "text-start",
+            "start", "start-step", "tool-output-available", "text-start",
             *["text-delta"] * (len(rest) - 8), "text-end", "finish-step", "finish"]
         assert rest[-2] == {"type": "finish", "finishReason": "stop"}
         assert "Read it." == "".join(c["delta"] for c in rest if isinstance(c, dict)

@@ -13,8 +13,9 @@ and really dispatched to the client. A segment ends after a client tool's
 failed or timed-out one.
 
 Steps: content (text, a tool's input, an approval request) opens a step
-(`start-step`), a segment's `finish` closes it (`finish-step`), and content that
-follows tool results opens the next one. The AI SDK's
+(`start-step`), a segment's `finish` closes it (`finish-step`), content that
+follows tool results opens the next one, and results that open a segment (the
+client's answer) open the step the run goes on in. The AI SDK's
 `lastAssistantMessageIsCompleteWithToolCalls` (what `useChat` apps pass as
 `sendAutomaticallyWhen`) looks at the last step only: without steps, a finished
 run whose tools all had their outputs looked like one waiting for them to be
@@ -50,7 +51,8 @@ class AiSdkTranslator:
         self.step_has_results = False  # a tool output came in the open step
 
     def opening(self) -> list[Chunk]:
-        self.step_open = self.step_has_results = False
+        # No step state here: a segment's `finish` closed its step, and an instance that
+        # follows a run answered elsewhere opens its segment after translating the event.
         return [{"type": "start", "messageId": self.message_id}]
 
     def _content(self) -> list[Chunk]:
@@ -146,16 +148,20 @@ class AiSdkTranslator:
     def _tool_done(self, event: ToolDone) -> list[Chunk]:
         if event.call_id not in self.shown_inputs:
             return []
-        self.step_has_results = self.step_open
+        # Results in a step already open end it; results that open a segment (a client's
+        # answer) open the step the run goes on in, so that the last step never holds
+        # answered calls when the run ends, text after them or not.
+        opened = [] if self.step_open else self._content()
+        self.step_has_results = not opened
         extra = self._executed(event.call_id)
         if event.status == "ok":
-            return [{"type": "tool-output-available", "toolCallId": event.call_id,
-                     "output": event.output, **extra}]
+            return [*opened, {"type": "tool-output-available", "toolCallId": event.call_id,
+                              "output": event.output, **extra}]
         if event.status == "rejected":
-            return [{"type": "tool-output-denied", "toolCallId": event.call_id}]
+            return [*opened, {"type": "tool-output-denied", "toolCallId": event.call_id}]
         message = str((event.error or {}).get("message", event.status))
-        return [{"type": "tool-output-error", "toolCallId": event.call_id,
-                 "errorText": f"{event.status}: {message}", **extra}]
+        return [*opened, {"type": "tool-output-error", "toolCallId": event.call_id,
+                          "errorText": f"{event.status}: {message}", **extra}]
 
     def _finished(self, event: RunFinished) -> list[Chunk]:
         chunks = self._close_texts()
