@@ -66,7 +66,11 @@ class _Rest(Coroutine[Any, Any, None]):
         return self._coro.send(value)
 
     def throw(self, *exc: Any) -> Any:
-        self._first = None
+        first, self._first = self._first, None
+        if first is not None:  # cancelled before its first step: as a task cancelled while
+            cancel = getattr(first[0], "cancel", None)  # it waits cancels what it waits on
+            if cancel is not None:
+                cancel()
         return self._coro.throw(*exc)
 
     def close(self) -> None:

@@ -58,6 +58,23 @@ async def test_a_turn_cancelled_before_its_first_step_unwinds_where_it_waits() -
     assert errors == []
 
 
+async def test_a_turn_cancelled_before_its_first_step_cancels_what_it_waits_on() -> None:
+    """As a task cancelled while it waits cancels the future it waits on: the child a
+    turn awaited went on running, and awaiting it later raised "await wasn't used with
+    future"."""
+    child = asyncio.ensure_future(asyncio.sleep(5))
+
+    async def turn() -> None:
+        await child
+
+    task = start_eagerly(turn(), asyncio.get_running_loop().create_task)
+    assert task is not None
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert child.cancelled()
+
+
 @pytest.mark.redis
 @pytest.mark.parametrize("ending", ["run.cancel", "editor.change"])
 async def test_a_streaming_turn_ended_as_it_starts_leaves_no_stray_task(ending: str) -> None:

@@ -1,6 +1,7 @@
 """Python server tools, the built-in, the config file and workflows (no MCP here)."""
 
 import asyncio
+import gc
 import logging
 import tomllib
 from pathlib import Path
@@ -191,6 +192,38 @@ async def test_a_tool_ignoring_its_cancellation_is_left_behind() -> None:
     assert await asyncio.wait_for(events.get(), 5) == "ignored a cancel"
     assert await asyncio.wait_for(events.get(), 5) == "ended"  # the first, left behind
     assert await asyncio.wait_for(events.get(), 5) == "ended"
+
+
+async def test_a_second_cancel_during_the_stop_grace_loses_no_bookkeeping(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The caller cancelled again while the tool had its second to stop: the tool's end
+    went unlogged and its exception "was never retrieved"."""
+    loop = asyncio.get_running_loop()
+    unretrieved: list[dict[str, Any]] = []
+    before = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
+    events: asyncio.Queue[str] = asyncio.Queue()
+    tool_fixtures.OBSERVERS["twice"] = events
+    tools = catalog('[[tools]]\nimport = "tests.tool_fixtures:stubborn_then_fails"\n'
+                    "timeout_s = 60\n")
+    try:
+        with caplog.at_level(logging.WARNING, logger="cowrite.tools.test"):
+            call = asyncio.create_task(tools.invoke(
+                "stubborn_then_fails", {"key": "twice", "seconds": 1.5}, tool_context()))
+            await asyncio.sleep(0.1)
+            call.cancel()
+            await asyncio.wait_for(events.get(), 5)  # it ignored the first cancel
+            call.cancel()  # within the grace
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            assert await asyncio.wait_for(events.get(), 5) == "ended"
+            await asyncio.sleep(0.05)
+            gc.collect()
+            await asyncio.sleep(0.05)
+    finally:
+        loop.set_exception_handler(before)
+    assert unretrieved == []
+    assert any("ignored its cancellation" in r.getMessage() for r in caplog.records)
 
 
 def test_broken_entries_are_reported_not_fatal() -> None:

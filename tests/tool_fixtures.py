@@ -133,3 +133,9 @@ async def wraps(reason: str) -> str:
         raise ConnectionError(reason)
     except ConnectionError as exc:
         raise ToolError(exc) from exc  # type: ignore[arg-type]
+
+
+async def stubborn_then_fails(key: str, seconds: float) -> str:
+    """As `stubborn`, then raises: its exception must still be retrieved."""
+    await stubborn(key, seconds)
+    raise RuntimeError("failed after ignoring its cancellation")

@@ -84,14 +84,18 @@ async def _contained(call: Awaitable[Any]) -> Any:
         raise _ToolExited(type(exc).__name__) from exc
 
 
-def _left_behind(name: str, ctx: ToolContext) -> Callable[["asyncio.Task[Any]"], None]:
-    started = time.monotonic()
+def _when_stopped(name: str, ctx: ToolContext) -> Callable[["asyncio.Task[Any]"], None]:
+    """For a cancelled tool's task: its outcome retrieved (asyncio would log it as never
+    retrieved), and a warning when it ended past the grace, having ignored the cancel."""
+    cancelled_at = time.monotonic()
 
     def ended(task: "asyncio.Task[Any]") -> None:
         if not task.cancelled():
-            task.exception()  # retrieved: asyncio would log it as never retrieved
-        ctx.logger.warning("server tool %s ignored its cancellation; it ended %.1f s later",
-                           name, time.monotonic() - started)
+            task.exception()
+        late = time.monotonic() - cancelled_at
+        if late > STOP_GRACE_S:
+            ctx.logger.warning("server tool %s ignored its cancellation; it ended %.1f s "
+                               "later", name, late)
     return ended
 
 
@@ -323,13 +327,11 @@ class ToolCatalog:
 
     @staticmethod
     async def _stop(task: "asyncio.Task[Any]", name: str, ctx: ToolContext) -> None:
+        """Cancel, and wait up to `STOP_GRACE_S` for the tool to stop. The callback comes
+        first: a second cancel of the caller cuts the wait short, not the bookkeeping."""
         task.cancel()
+        task.add_done_callback(_when_stopped(name, ctx))
         await asyncio.wait((task,), timeout=STOP_GRACE_S)
-        if task.done():
-            if not task.cancelled():
-                task.exception()  # whatever it raised while stopping is of no use now
-        else:
-            task.add_done_callback(_left_behind(name, ctx))
 
     @staticmethod
     def _internal(name: str, ctx: ToolContext) -> ToolInvocation:
