@@ -78,13 +78,16 @@ async def test_garbage_frames_on_an_ai_sdk_socket_close_it_4400() -> None:
             assert client.ws.close_code == 4400
 
 
+def _slow_send(chat_id: str) -> dict[str, Any]:
+    """A WebSocket transport's `send` of a prompt that streams for about a second."""
+    slow = script({"say": "x" * 60}, chunk_chars=1, delay_ms=20)
+    return {"type": "send", "requestId": "s", "id": chat_id, "trigger": "submit-message",
+            "messages": [{"id": "m", "role": "user", "parts": [{"type": "text", "text": slow}]}]}
+
+
 async def test_a_viewers_abort_stops_its_stream_but_not_the_run(server: Server) -> None:
     base = f"ws://127.0.0.1:{server.settings.port}/v1/ai-sdk/doc-v/ws"
-    slow = script({"say": "x" * 60}, chunk_chars=1, delay_ms=20)
-    send: dict[str, Any] = {"type": "send", "requestId": "s", "id": "chat-v", "trigger":
-                            "submit-message", "messages": [{"id": "m", "role": "user",
-                                                            "parts": [{"type": "text",
-                                                                       "text": slow}]}]}
+    send = _slow_send("chat-v")
     async with ws_client(f"{base}?token={token('alice')}") as editor, \
             ws_client(f"{base}?token={token('alice', role='viewer')}") as viewer, \
             joined(server, "doc-v", client_id="w") as (tab, _):
@@ -105,11 +108,7 @@ async def test_an_abort_of_a_resume_stops_that_stream_not_the_run(server: Server
     """The AI SDK aborts a `resume` that a newer one replaces (a remount, StrictMode's
     second effect): that cancelled the run for everyone."""
     url = f"ws://127.0.0.1:{server.settings.port}/v1/ai-sdk/doc-r/ws?token={token('alice')}"
-    slow = script({"say": "x" * 60}, chunk_chars=1, delay_ms=20)
-    send: dict[str, Any] = {"type": "send", "requestId": "s", "id": "chat-r", "trigger":
-                            "submit-message", "messages": [{"id": "m", "role": "user",
-                                                            "parts": [{"type": "text",
-                                                                       "text": slow}]}]}
+    send = _slow_send("chat-r")
     async with ws_client(url) as first, ws_client(url) as second, \
             joined(server, "doc-r", client_id="w") as (tab, _):
         await first.ws.send(orjson.dumps(send).decode())
