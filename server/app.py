@@ -43,7 +43,7 @@ from server.backends.base import Backend, BackendUnavailable
 from server.backends.memory import HISTORY_MAX_ENTRIES, MemoryBackend
 from server.direct_route import DirectRoute
 from server.endpoint import DOCUMENT_ID_RE, document_socket
-from server.limits import HandshakeGate
+from server.limits import HandshakeGate, UserBuckets
 from server.observability import Metrics, configure_logging
 from server.runner import MetricsServer, metrics_config
 from server.services import Services
@@ -334,4 +334,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     app.state.tools = tools
     app.state.chat_runs = chat_runs
     app.state.handshakes = HandshakeGate(settings.max_pending_handshakes)
+    # HTTP tool results hold no connection: the WebSocket's message rate, per user
+    app.state.tool_result_buckets = UserBuckets(settings.rate_messages_per_s,
+                                                settings.rate_messages_per_s * 2)
     return app

@@ -31,16 +31,6 @@ BODY_FIELDS = frozenset({"call_id", "token", "output", "error", "document_versio
 CLIENT_ID = "http-tool-results"
 
 
-def _buckets(request: Request, services: Services) -> UserBuckets:
-    """The app's per-user limit on this endpoint (made on first use): the WebSocket's
-    message rate, per user and instance, since a request holds no connection."""
-    buckets: UserBuckets | None = getattr(request.app.state, "tool_result_buckets", None)
-    if buckets is None:
-        rate = services.settings.rate_messages_per_s
-        buckets = request.app.state.tool_result_buckets = UserBuckets(rate, rate * 2)
-    return buckets
-
-
 async def post_tool_result(request: Request) -> Response:
     services: Services = request.app.state.services
     document_id: str = request.path_params["document_id"]
@@ -48,7 +38,8 @@ async def post_tool_result(request: Request) -> Response:
     try:
         check_document(document_id)
         principal = principal_for(services, bearer_token(request), document_id)
-        wait_ms = _buckets(request, services).take(principal.user_id)
+        buckets: UserBuckets = request.app.state.tool_result_buckets
+        wait_ms = buckets.take(principal.user_id)
         if wait_ms:
             raise HttpFailure(ErrorCode.RATE_LIMITED, "too many tool results; wait before the "
                               "next", retry_after_ms=wait_ms)
