@@ -52,6 +52,7 @@ class Connection:
     metrics: Metrics
     log_context: dict[str, Any] = field(default_factory=dict)
     expiry_second: int | None = None  # the `ExpiryWheel` bucket holding it, if any
+    epoch: str = ""  # the log's epoch its welcome named (see `DocumentSession._log_reset`)
 
     @property
     def user_id(self) -> str:

@@ -12,7 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from bench.common import Proc, server_process
-from tests.cluster_support import FAST_LEASE, cluster, instance, join, start_run
+from tests.cluster_support import FAST_LEASE, cluster, ended, instance, join, start_run
 from tests.harness import SECRET, Client
 from tests.redis_support import RedisProcess, redis_process
 from tests.runs import call, script
@@ -137,3 +137,57 @@ async def test_an_instance_whose_clock_runs_ahead_takes_no_healthy_run_over() ->
             finished = await x.recv_until("run.finished", timeout=10)
             assert finished["status"] == "completed"
             assert not [e for e in x.events if e.get("type") == "run.resumed"]
+
+
+async def test_a_log_deleted_while_redis_stays_up_resets_every_instances_connections() -> None:
+    """The document's log keys deleted (or evicted) with Redis still up: only the
+    instance appending the next event used to notice the new epoch; a tab on another
+    instance stayed open and took the new log's events for the old one's (its first
+    events dropped as duplicates, the rest numbered on from the old log's)."""
+    change = {"type": "editor.change", "origin": "user", "document_version": 1}
+    async with cluster() as (redis, (one, two)), join(one, client_id="x") as (x, _), \
+            join(two, sub="bob", client_id="y") as (y, old):
+        for _ in range(3):
+            await x.send(change)
+            await y.recv_until("document.changed", timeout=10)
+        async with aioredis.Redis(port=redis.port) as admin:
+            await admin.delete("cw:{doc-1}:meta", "cw:{doc-1}:log")
+        # A tab joining now follows the new log from its start: it must not be reset.
+        async with join(two, sub="carol", client_id="z") as (z, new):
+            assert new["epoch"] != old["epoch"] and new["last_seq"] == 0
+            await x.send(change)  # the new log's first event
+            assert await x.expect_close(timeout=10) == 1011
+            assert await y.expect_close(timeout=10) == 1011
+            first = await z.recv_until("document.changed", timeout=10)
+            assert first["seq"] == 1
+            await z.send({"type": "ping", "ts": 7})
+            assert (await z.recv_until("pong", timeout=10))["ts"] == 7
+        resume = {"epoch": old["epoch"], "after_seq": old["last_seq"] + 3}
+        async with join(two, sub="bob", client_id="y", resume=resume) as (_, back):
+            assert back["resume_failed"] == "epoch_changed" and back["last_seq"] == 1
+
+
+async def test_a_tab_joining_before_the_owner_frees_an_ended_run_is_not_shown_it() -> None:
+    """An owner frees its run's record just after logging `run.finished`. A tab joining
+    another instance in between, before that event came through pub/sub, was told
+    the run was active, and never heard it end (the event was before its welcome's
+    `last_seq`). The window is held open here by putting the record back."""
+    async with cluster() as (redis, (one, two)), join(one, client_id="x") as (x, _):
+        await start_run(x, script({"tool_calls": [call("read_document")]}, {"say": "ok"}),
+                        "r-1")
+        tool_call = await x.recv_until("tool.call", timeout=10)
+        async with aioredis.Redis(port=redis.port) as admin:
+            record = await admin.get("cw:{doc-1}:active")
+            assert record is not None
+            await answer(x, tool_call, "result")
+            await x.recv_until(ended("r-1"), timeout=10)
+            for _ in range(100):  # the owner frees it just after
+                if await admin.get("cw:{doc-1}:active") is None:
+                    break
+                await asyncio.sleep(0.05)
+            await admin.set("cw:{doc-1}:active", record)
+            try:
+                async with join(two, sub="bob", client_id="late") as (_, welcome):
+                    assert welcome.get("active_run") is None, welcome["active_run"]
+            finally:
+                await admin.delete("cw:{doc-1}:active")

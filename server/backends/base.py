@@ -48,10 +48,10 @@ EventListener = Callable[[LoggedEvent], None]
 RUN_RECORDS_MAX = 1000
 """Run records kept per document (the newest by first write); older ones are dropped."""
 
-LogReset = Callable[[], None]
-"""Called when a document's log restarted under a new epoch (Redis lost its data: a
-restart without persistence, a failover to an empty replica): what a listener was
-given no longer lines up with the log."""
+LogReset = Callable[[str], None]
+"""Called with the new epoch when a document's log restarted under it (Redis lost its
+data: a restart without persistence, a failover to an empty replica, the key evicted
+or deleted): what a listener was given under another epoch no longer lines up."""
 
 
 class BackendUnavailable(Exception):
@@ -252,3 +252,18 @@ class Backend(RunRegistry, Protocol):
     async def set_presence(self, document_id: str, member: str, present: bool) -> None:
         """`member` is "user|client|connection"; presence outlives no instance."""
         ...
+
+
+ENDED_LOOKBACK = 64
+"""Events `run_ended_in_log` reads back: a run's owner frees its record right after
+logging `run.finished`, so only the few events logged in between can follow it."""
+
+
+async def run_ended_in_log(backend: "Backend", document_id: str, head: LogHead,
+                           run_id: str) -> bool:
+    """Whether `run.finished` of `run_id` is among the last events up to `head`."""
+    tail = await backend.read_after(document_id, head.epoch,
+                                    max(0, head.last_seq - ENDED_LOOKBACK), head.last_seq)
+    return isinstance(tail, list) and any(
+        event.type == "run.finished" and orjson.loads(event.frame).get("run_id") == run_id
+        for event in tail)

@@ -1,7 +1,9 @@
 """Live fan-out of a document's events between instances (Redis pub/sub).
 
 One Lua script (redis_scripts.APPEND_LUA) stamps an event's seq and publishes its
-frame on `cw:live:{doc}`, so pub/sub delivers in seq order. Pub/sub drops what
+frame on `cw:live:{doc}` as `epoch seq type frame`, so pub/sub delivers in seq
+order and every instance sees when the log restarted under another epoch (its
+keys deleted or evicted while Redis stayed up), not only the one that appended. Pub/sub drops what
 is published while a subscriber is away, so each instance notes how far it has
 seen every document it listens to and, once reconnected, reads what it missed
 from the log; a log that came back under another epoch (Redis lost its data) is
@@ -92,15 +94,13 @@ class RedisFanOut:
                 with contextlib.suppress(RedisError, OSError):
                     await self._pubsub.unsubscribe(channel_of(document_id))
 
-    def _deliver(self, document_id: str, epoch: str | None, event: LoggedEvent) -> None:
+    def _deliver(self, document_id: str, epoch: str, event: LoggedEvent) -> None:
         """Hand `event` to the document's listeners, noting how far this instance has
-        seen the log. `epoch` is None for a frame from pub/sub: the epoch of the last
-        seen stands (a change of epoch shows on catching up, see `_catch_up`)."""
+        seen the log; an event of another epoch than the last seen resets them first."""
         seen = self._last_seen.get(document_id)
         if seen is None:
-            if epoch is not None:
-                self._last_seen[document_id] = (epoch, event.seq)
-        elif epoch is not None and epoch != seen[0]:
+            self._last_seen[document_id] = (epoch, event.seq)
+        elif epoch != seen[0]:
             self._reset(document_id, epoch, event.seq)
         elif event.seq > seen[1]:
             self._last_seen[document_id] = (seen[0], event.seq)
@@ -115,7 +115,7 @@ class RedisFanOut:
                        extra={"document_id": document_id})
         self._last_seen[document_id] = (epoch, last_seq)
         for on_reset in tuple(self._on_reset.get(document_id, {}).values()):
-            on_reset()
+            on_reset(epoch)
 
     async def _pubsub_loop(self) -> None:
         """Receive live frames; after any reconnect, re-read what was missed."""
@@ -143,8 +143,8 @@ class RedisFanOut:
                     if not channel.startswith("cw:live:{"):
                         continue
                     document_id = channel[len("cw:live:{"):-1]
-                    seq, event_type, frame = message["data"].split(" ", 2)
-                    self._deliver(document_id, None, LoggedEvent(int(seq), event_type, frame))
+                    epoch, seq, event_type, frame = message["data"].split(" ", 3)
+                    self._deliver(document_id, epoch, LoggedEvent(int(seq), event_type, frame))
             except asyncio.CancelledError:
                 raise
             except (RedisError, OSError, BackendUnavailable) as exc:  # once per outage

@@ -13,7 +13,7 @@ APPEND_LUA = _INIT + """
 local seq = redis.call('HINCRBY', KEYS[1], 'last_seq', 1)
 local frame = ARGV[2] .. ',"seq":' .. seq .. ',"ts":' .. ARGV[3] .. '}'
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], seq .. '-1', 't', ARGV[5], 'f', frame)
-redis.call('PUBLISH', ARGV[6], seq .. ' ' .. ARGV[5] .. ' ' .. frame)
+redis.call('PUBLISH', ARGV[6], epoch .. ' ' .. seq .. ' ' .. ARGV[5] .. ' ' .. frame)
 return {epoch, seq, frame}
 """
 HEAD_LUA = _INIT + """
