@@ -3,6 +3,7 @@ over real sockets: the operator's TOML file, a real MCP server, the OpenAI path.
 
 import asyncio
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 from tests import tool_fixtures
 from tests.fake_openai import FakeOpenAI, Reply, running_fake_openai
 from tests.harness import Server, joined, running_server, token
-from tests.runs import READ, call, of_run, script, start
+from tests.runs import READ, answer, call, of_run, script, start
 from tests.tool_support import file_says
 
 TOOLS_TOML = """
@@ -207,6 +208,24 @@ async def test_server_tool_approval_comes_first(tmp_path: Path) -> None:
         assert (await alice.recv_until("run.finished"))["status"] == "completed"
         output = done_of(alice.events, ack["run_id"])["greet"]["output"]
         assert output["text"] == "hello carol from alice on doc-1"
+
+
+async def test_a_client_call_after_a_server_tool_in_one_turn_can_be_answered(
+        server: Server) -> None:
+    """The call after a server tool in the same model turn was opened as of time 0:
+    its deadline was in 1970, its token expired at birth, the run timed out."""
+    async with joined(server) as (alice, _):
+        before_ms = time.time() * 1000
+        ack = await start(alice, script({"tool_calls": [call("text_stats", text="a b"),
+                                                        call("read_document")]},
+                                        {"say": "done"}), tools=[READ])
+        tool_call = await alice.recv_until(lambda e: e.get("type") == "tool.call"
+                                           and e.get("executor") == "client")
+        assert tool_call["expires_at"] >= before_ms + 60_000
+        await answer(alice, tool_call, {"text": "the document"}, id="r")
+        assert (await alice.recv_until(reply_to("r")))["type"] == "ack"
+        finished = await alice.recv_until(event_of(ack["run_id"], "run.finished"))
+        assert finished["status"] == "completed"
 
 
 async def test_mcp_tools_in_a_run_and_a_cancel_reaches_the_mcp_server(tmp_path: Path) -> None:

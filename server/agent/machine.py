@@ -301,7 +301,7 @@ class RunMachine:
         if current is None or current.call_id != event.call_id or current.executor != "server" \
                 or current.kind != "tool":
             return state
-        return self._settle(state, out, current, event.outcome, event.outcome, 0)
+        return self._settle(state, out, current, event.outcome, event.outcome, event.at_ms)
 
     def _approval(self, state: RunState, event: ApprovalAnswer, out: EffectList) -> RunState:
         if event.user_id != state.user_id:

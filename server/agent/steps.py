@@ -71,6 +71,7 @@ class ClientToolResult:
 class ServerToolFinished:
     call_id: str
     outcome: ToolOutcome
+    at_ms: int  # when it finished: the next call's deadline counts from here
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,4 +118,4 @@ async def server_tool(state: RunState, tools: ServerTools, effect: RunServerTool
                           logging.LoggerAdapter(tool_logger, _extra(state)))
     result = await tools.invoke(effect.name, effect.arguments, context)
     return ServerToolFinished(effect.call_id, ToolOutcome(result.status, output=result.output,
-                                                          error=result.error))
+                                                          error=result.error), now_ms())
