@@ -86,6 +86,22 @@ async def test_owner_killed_while_an_approval_waits() -> None:
         contiguous(watcher, 0)
 
 
+async def test_a_taken_over_call_whose_client_died_with_the_owner_ends_after_the_grace(
+        ) -> None:
+    """Her tab was on the owner that died: the new owner used to wait for the call's
+    whole deadline (tool timeout, status timed_out) instead of the client grace."""
+    env = {**FAST_LEASE, "COWRITE_CLIENT_GRACE_S": "2", "COWRITE_TOOL_TIMEOUT_S": "120"}
+    async with cluster(2, env=env) as (_, (one, two)), \
+            join(two, sub="bob", client_id="watch") as (watcher, _):
+        async with join(one) as (doomed, _):
+            await start_run(doomed, script({"tool_calls": [call("read_document")]}), "g-1")
+            await doomed.recv_until("tool.call")
+            await killed(one)
+        await watcher.recv_until("run.resumed", timeout=TAKEOVER_S)
+        finished = await watcher.recv_until(ended("g-1"), timeout=TAKEOVER_S + 10)
+        assert (finished["status"], finished["reason"]) == ("aborted", "client_gone")
+
+
 @pytest.mark.parametrize("idempotent", [True, False])
 async def test_a_server_tool_cut_mid_call(tmp_path: Path, idempotent: bool) -> None:
     config, marker = tmp_path / "cowrite.toml", tmp_path / "marker"

@@ -57,6 +57,10 @@ TOOLS = {  # name -> (executor, requires_approval)
     "read": ("client", False), "edit": ("client", True), "stats": ("server", False),
     "risky": ("server", True),
 }
+# The rules that end a run from outside act one time in four: at full rate they
+# ended most runs within a few steps, and a server tool followed by a client call
+# in one turn was reached 7 times in 1,500 examples.
+RARELY = st.integers(0, 3).map(lambda n: n == 0)
 ENDINGS = [("aborted", "document_changed"), ("cancelled", "superseded"),
            ("aborted", "server_shutdown"), ("aborted", "server_lost")]
 
@@ -107,6 +111,10 @@ class RunLifecycle(RuleBasedStateMachine):
             if not decision.refusable:  # the driver ends the run from the state it had
                 self.apply(Crashed("ref"))
             return  # nothing of the decision happened
+        opened, at_ms = decision.state.current, getattr(event, "at_ms", None)
+        if opened is not None and opened != self.state.current and opened.executor == "client" \
+                and at_ms is not None:  # a deadline counts from the input that opened it
+            assert opened.expires_at > at_ms, (opened, event)
         self.state = decision.state
         for effect in decision.effects:
             if isinstance(effect, Publish):
@@ -137,8 +145,9 @@ class RunLifecycle(RuleBasedStateMachine):
     @precondition(lambda self: self.model_busy)
     @rule(text=st.text(max_size=8),
           calls=st.lists(st.tuples(st.sampled_from([*TOOLS, "nope"]), st.booleans(),
-                                   st.sampled_from(["", "dup", "x" * 70, "ok", "call_s1_0",
-                                                    "call_s2_0", "call_s2_1"])), max_size=3),
+                                   st.just("ok") | st.sampled_from(  # half of them fresh
+                                       ["", "dup", "x" * 70, "call_s1_0", "call_s2_0",
+                                        "call_s2_1"])), max_size=3),
           terminate=st.booleans())
     def model_finishes(self, text: str, calls: list[tuple[str, bool, str]],
                        terminate: bool) -> None:
@@ -174,13 +183,13 @@ class RunLifecycle(RuleBasedStateMachine):
         self.apply(ModelFailed(RunError(code="upstream_error", message="HTTP 500")))
 
     @precondition(lambda self: self.tool_busy is not None)
-    @rule(ok=st.booleans())
-    def server_tool_finishes(self, ok: bool) -> None:
+    @rule(ok=st.booleans(), at_ms=st.integers(1000, 200_000))
+    def server_tool_finishes(self, ok: bool, at_ms: int) -> None:
         call_id, self.tool_busy = self.tool_busy, None
         assert call_id is not None
         outcome = ToolOutcome("ok", output={"n": 1}) if ok else \
             ToolOutcome("error", error={"message": "tool failed (ref x)"})
-        self.apply(ServerToolFinished(call_id, outcome))
+        self.apply(ServerToolFinished(call_id, outcome, at_ms))
 
     @rule(which=st.sampled_from(["current", "other", "done"]), good_token=st.booleans(),
           user=st.sampled_from(["alice", "bob"]), at_ms=st.integers(0, 200_000))
@@ -212,13 +221,15 @@ class RunLifecycle(RuleBasedStateMachine):
         above rarely gets every argument right."""
         self.approval("approve", scope, self.state.user_id, False, True)
 
-    @rule(user=st.sampled_from(["alice", "bob"]))
-    def cancel(self, user: str) -> None:
-        self.apply(Cancel(user, "c"))
+    @rule(user=st.sampled_from(["alice", "bob"]), now=RARELY)
+    def cancel(self, user: str, now: bool) -> None:
+        if now:
+            self.apply(Cancel(user, "c"))
 
-    @rule(ending=st.sampled_from(ENDINGS))
-    def ended_from_outside(self, ending: tuple[str, str]) -> None:
-        self.apply(End(ending[0], ending[1]))  # type: ignore[arg-type]
+    @rule(ending=st.sampled_from(ENDINGS), now=RARELY)
+    def ended_from_outside(self, ending: tuple[str, str], now: bool) -> None:
+        if now:
+            self.apply(End(ending[0], ending[1]))  # type: ignore[arg-type]
 
     @rule(data=st.data())
     def timer_fires(self, data: st.DataObject) -> None:
@@ -231,9 +242,10 @@ class RunLifecycle(RuleBasedStateMachine):
     def presence(self, present: bool) -> None:
         self.apply(ExecutorPresence(present))
 
-    @rule()
-    def lease_lost(self) -> None:
-        self.apply(LeaseLost())
+    @rule(now=RARELY)
+    def lease_lost(self, now: bool) -> None:
+        if now:
+            self.apply(LeaseLost())
 
     @rule(idempotent=st.booleans(), text_sent=st.booleans())
     def owner_lost_and_checkpoint_restored(self, idempotent: bool, text_sent: bool) -> None:
@@ -247,9 +259,10 @@ class RunLifecycle(RuleBasedStateMachine):
         self.state = restored
         self.apply(Resume("owner_lost", 1500, text_sent, idempotent))
 
-    @rule()
-    def crashed(self) -> None:
-        self.apply(Crashed("bug"))
+    @rule(now=RARELY)
+    def crashed(self, now: bool) -> None:
+        if now:
+            self.apply(Crashed("bug"))
 
     @rule()
     def backend_fails_next_publish(self) -> None:
@@ -279,6 +292,14 @@ class RunLifecycle(RuleBasedStateMachine):
             assert self.released == 1, "the document must be released exactly once"
         if not self.state.finished:
             assert not finishes and self.released == 0
+
+    @invariant()
+    def an_absent_executor_is_given_a_grace_that_ends_the_wait(self) -> None:
+        """Without it a call waited out its whole deadline for a client long gone (after
+        a takeover from a checkpoint the grace used not to be armed again)."""
+        if not self.state.finished and self.state.waiting_on_executor \
+                and not self.state.executor_present:
+            assert "grace" in self.timers, "nothing ends a wait on an absent executor"
 
     @invariant()
     def nothing_pending_after_the_end(self) -> None:
@@ -345,3 +366,17 @@ def test_a_refused_result_can_be_retried() -> None:
                                    "alice", 2000, "r"))
     assert [e.status for e in machine.log if isinstance(e, ToolDone)] == ["ok"]
     assert replace(machine.state).current is None
+
+
+def test_a_call_after_a_server_tool_gets_a_deadline_from_when_the_tool_finished() -> None:
+    """A client call (or approval) queued behind a server tool in the same turn was
+    opened as of time 0: its token expired in 1970 and could never be answered."""
+    for second, timeout_ms in (("read", 60_000), ("edit", 300_000)):
+        machine = RunLifecycle()
+        machine.begin(json_tools=False, max_steps=3, begin_fails=False)
+        machine.model_finishes("", [("stats", True, "ok"), (second, True, "ok")], False)
+        assert machine.tool_busy is not None
+        machine.server_tool_finishes(ok=True, at_ms=1_795_000_000_000)
+        opened = machine.state.current
+        assert opened is not None and opened.name == second
+        assert opened.expires_at == 1_795_000_000_000 + timeout_ms

@@ -38,5 +38,7 @@ def resume_run(machine: Any, state: RunState, event: Resume, out: EffectList) ->
         return machine._settle(state, out, current, failed, failed, event.at_ms)  # type: ignore[no-any-return]
     if current is not None:  # a client call or an approval: same call, same deadline
         out.do(ArmTimer(current.timer, max(0, current.expires_at - event.at_ms) / 1000))
+        if not state.executor_present:  # as when it was opened: a client gone for good
+            out.do(ArmTimer("grace", config.client_grace_s))  # ends it, not the deadline
         return state
     return machine._advance(state, out, event.at_ms)  # type: ignore[no-any-return]

@@ -44,7 +44,7 @@ from server.backends.base import (
 )
 from server.backends.redis_clock import RedisClock
 from server.backends.redis_fanout import RedisFanOut, channel_of
-from server.backends.redis_instances import RedisInstances
+from server.backends.redis_instances import INSTANCES_KEY, RedisInstances
 from server.backends.redis_queue import RedisRunQueue
 from server.backends.redis_scripts import (
     APPEND_LUA,
@@ -104,7 +104,8 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
         self._expired_runs = self._redis.register_script(EXPIRED_RUNS_LUA)
         self._present = self._redis.register_script(PRESENT_LUA)
         self._put_run_record = self._redis.register_script(PUT_RUN_RECORD_LUA)
-        self._presence: dict[str, str] = {}  # member -> document id
+        self._presence: dict[str, tuple[str, str]] = {}  # member -> (document id, as stored)
+        self._instance_id = ""  # this instance's, from its first heartbeat
         self._listeners: dict[str, list[EventListener]] = defaultdict(list)
         self._on_reset: dict[str, dict[EventListener, LogReset]] = {}
         self._last_seen: dict[str, tuple[str, int]] = {}
@@ -241,8 +242,8 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
                     # the key's own expiry too: it lapsed 90 s after the last new
                     # connection, and the user's count began again from zero
                     pipe.pexpire(key, int(CONNECTION_TTL_S * 1000))
-                for member, document_id in list(self._presence.items()):
-                    pipe.zadd(f"cw:{{{document_id}}}:present", {member: expires}, xx=True)
+                for document_id, stored in list(self._presence.values()):
+                    pipe.zadd(f"cw:{{{document_id}}}:present", {stored: expires}, xx=True)
                 await pipe.execute()
 
     async def take_run_slot(self, user_id: str, per_minute: int) -> int:
@@ -300,16 +301,18 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
 
     async def set_presence(self, document_id: str, member: str, present: bool) -> None:
         key = f"cw:{{{document_id}}}:present"
-        if present:
-            self._presence[member] = document_id
+        if present:  # stored with the instance's id: a dead instance's tabs are gone
+            stored = f"{member}|{self._instance_id}"
+            self._presence[member] = (document_id, stored)
             expires = self._clock.now_ms() + int(CONNECTION_TTL_S * 1000)
-            await self._call(self._redis.zadd(key, {member: expires}))
+            await self._call(self._redis.zadd(key, {stored: expires}))
         else:
-            self._presence.pop(member, None)
-            await self._call(self._redis.zrem(key, member))
+            entry = self._presence.pop(member, None)
+            if entry is not None:
+                await self._call(self._redis.zrem(key, entry[1]))
 
     async def is_present(self, document_id: str, user_id: str, client_id: str) -> bool:
         found = await self._call(self._present(
-            keys=[f"cw:{{{document_id}}}:present"],
+            keys=[f"cw:{{{document_id}}}:present", INSTANCES_KEY],
             args=[self._clock.now_ms(), f"{user_id}|{client_id}|"]))
         return bool(found)

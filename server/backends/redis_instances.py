@@ -43,6 +43,7 @@ class RedisInstances:
     _redis: aioredis.Redis
     _url: str
     _clock: RedisClock
+    _instance_id: str
 
     async def _call(self, awaitable: Awaitable[T]) -> T:  # RedisBackend's
         raise NotImplementedError
@@ -50,6 +51,7 @@ class RedisInstances:
     async def heartbeat(self, instance_id: str, ttl_s: float) -> None:
         """Say this instance lives for `ttl_s` more; forget instances an hour dead (a
         killed instance never leaves: the set grew by one per crash, for ever)."""
+        self._instance_id = instance_id  # named in its connections' presence entries
         with contextlib.suppress(RedisError, OSError):  # the clock of the next stamps
             await self._clock.sync(self._redis)
         now = self._clock.now_ms()

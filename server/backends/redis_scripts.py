@@ -120,11 +120,19 @@ redis.call('XADD', inbox, 'MAXLEN', '~', ARGV[3], '*', 'm', ARGV[2])
 redis.call('EXPIRE', inbox, ARGV[4])
 return owner
 """
+# A connection's entry ends with its instance's id: one of an instance that stopped
+# heartbeating (killed) does not count, though it lingers until its own expiry; a
+# run taken over from that instance then ends after the client grace, not its deadline.
 PRESENT_LUA = """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 local members = redis.call('ZRANGE', KEYS[1], 0, -1)
 for _, member in ipairs(members) do
-  if string.sub(member, 1, string.len(ARGV[2])) == ARGV[2] then return 1 end
+  if string.sub(member, 1, string.len(ARGV[2])) == ARGV[2] then
+    local instance = string.match(member, '|([^|]*)$')
+    if instance == nil or instance == '' then return 1 end
+    local alive = redis.call('ZSCORE', KEYS[2], instance)
+    if alive and tonumber(alive) >= tonumber(ARGV[1]) then return 1 end
+  end
 end
 return 0
 """
