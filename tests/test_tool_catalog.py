@@ -138,6 +138,10 @@ MISBEHAVING = """
 [[tools]]
 import = "tests.tool_fixtures:exits"
 [[tools]]
+import = "tests.tool_fixtures:aborts"
+[[tools]]
+import = "tests.tool_fixtures:nested"
+[[tools]]
 import = "tests.tool_fixtures:inner_cancelled"
 [[tools]]
 import = "tests.tool_fixtures:wraps"
@@ -154,9 +158,12 @@ async def test_a_tool_calling_sys_exit_or_cancelled_inside_is_its_own_failure(
     tools = catalog(MISBEHAVING)
     with caplog.at_level(logging.ERROR, logger="cowrite.tools.test"):
         exited = await tools.invoke("exits", {}, tool_context())
+        # a library's own BaseException failed the whole run (its driver's task group)
+        aborted = await tools.invoke("aborts", {}, tool_context())
         cancelled = await asyncio.wait_for(tools.invoke("inner_cancelled", {}, tool_context()),
                                            5)
-    for result in (exited, cancelled):
+    assert "secret detail" not in str(aborted.error)
+    for result in (exited, aborted, cancelled):
         assert result.status == "error" and result.error is not None
         assert result.error["code"] == "internal"
         assert result.error["message"].startswith("tool failed (ref ")
@@ -171,7 +178,25 @@ async def test_a_tool_errors_message_is_text_and_bounded() -> None:
     assert short.error == {"message": "cannot reach the API", "code": "tool_error"}
     long = await tools.invoke("wraps", {"reason": "x" * 100_000}, tool_context())
     assert long.error is not None and long.error["code"] == "tool_error"
-    assert long.error["message"] == "x" * 4096 + f" [... {100_000 - 4096} more characters cut]"
+    assert long.error["message"] == "x" * 4096 + f" [... {100_000 - 4096} more bytes cut]"
+    # bytes, not characters: 4096 emoji made 16 KB for every client
+    wide = await tools.invoke("wraps", {"reason": "\N{GRINNING FACE}" * 4096}, tool_context())
+    assert wide.error is not None
+    assert wide.error["message"] == "\N{GRINNING FACE}" * 1024 + " [... 12288 more bytes cut]"
+
+
+async def test_an_output_nested_deeper_than_a_clients_result_may_be_is_the_tools_failure(
+        ) -> None:
+    """Output 253 levels deep passed the catalog, then could not be logged: the run
+    failed `internal`. Past the depth a client's result may have it is the tool's."""
+    tools = catalog(MISBEHAVING)
+    fine = await tools.invoke("nested", {"depth": 63}, tool_context())
+    assert fine.status == "ok"
+    for depth in (65, 253):
+        deep = await tools.invoke("nested", {"depth": depth}, tool_context())
+        assert deep.status == "error" and deep.error == {
+            "message": "nested returned output nested deeper than 64 levels",
+            "code": "too_large"}
 
 
 async def test_a_tool_ignoring_its_cancellation_is_left_behind() -> None:

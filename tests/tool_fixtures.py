@@ -2,7 +2,7 @@
 
 import asyncio
 import socket
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
@@ -103,6 +103,23 @@ async def wait_again(marker: str) -> str:
 async def exits() -> str:
     """Calls sys.exit, as a command-line library might."""
     raise SystemExit(1)
+
+
+class LibraryAbort(BaseException):
+    """A library's own BaseException (gevent's Timeout, pytest's Failed): neither an
+    Exception nor a cancel."""
+
+
+async def aborts() -> str:
+    raise LibraryAbort("secret detail")
+
+
+async def nested(depth: int) -> Any:
+    """An output `depth` levels deep."""
+    output: Any = "bottom"
+    for _ in range(depth):
+        output = [output]
+    return output
 
 
 async def inner_cancelled() -> str:

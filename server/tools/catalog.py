@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import orjson
 
+from protocol.jsonlimits import nesting_over
 from server.tools.builtin import BUILTIN_IMPORTS
 from server.tools.config import CowriteConfig, McpServerConfig, PythonToolConfig, Workflow
 from server.tools.context import ToolContext, ToolError, ToolUnavailable
@@ -61,26 +62,32 @@ class ToolInvocation:
     error: dict[str, Any] | None = None
 
 
-MAX_ERROR_CHARS = 4096  # of a tool's error message; the rest is cut (it goes to every client)
+MAX_ERROR_BYTES = 4096  # of a tool's error message, UTF-8; the rest is cut (every client gets it)
+DEEPEST_OUTPUT = 128  # levels of nesting in an output when COWRITE_MAX_JSON_DEPTH is 0: the
+# events that carry it (and the adapters' frames around them) must stay within orjson's 254
 STOP_GRACE_S = 1.0  # a cancelled tool gets this long to stop before it is left to finish alone
 
 
 def _failed(message: str, code: str) -> ToolInvocation:
-    if len(message) > MAX_ERROR_CHARS:
-        cut = len(message) - MAX_ERROR_CHARS
-        message = f"{message[:MAX_ERROR_CHARS]} [... {cut} more characters cut]"
+    encoded = message.encode("utf-8", "replace")
+    if len(encoded) > MAX_ERROR_BYTES:  # bytes, not characters: 4096 emoji were 16 KB
+        kept = encoded[:MAX_ERROR_BYTES].decode("utf-8", "ignore")
+        message = f"{kept} [... {len(encoded) - len(kept.encode())} more bytes cut]"
     return ToolInvocation("error", error={"message": message, "code": code})
 
 
 class _ToolExited(Exception):
-    """A tool raised SystemExit or KeyboardInterrupt: in a task of its own, either would
-    stop the event loop, and the whole server with it."""
+    """A tool raised a BaseException that is neither an Exception nor a cancel
+    (SystemExit, KeyboardInterrupt, GeneratorExit, a library's own): in a task of its
+    own, it would stop the event loop or fail the whole run."""
 
 
 async def _contained(call: Awaitable[Any]) -> Any:
     try:
         return await call
-    except (SystemExit, KeyboardInterrupt) as exc:
+    except (Exception, asyncio.CancelledError):
+        raise
+    except BaseException as exc:  # SystemExit, GeneratorExit, a library's own (gevent's)
         raise _ToolExited(type(exc).__name__) from exc
 
 
@@ -115,10 +122,11 @@ class ToolCatalog:
     """Built-in, Python and MCP server tools, plus the operator's workflows."""
 
     def __init__(self, config: CowriteConfig | None = None, *, default_timeout_s: float = 10.0,
-                 mcp_timings: McpTimings | None = None, max_output_bytes: int = 1_048_576
-                 ) -> None:
+                 mcp_timings: McpTimings | None = None, max_output_bytes: int = 1_048_576,
+                 max_output_depth: int = 64) -> None:
         config = config or CowriteConfig()
         self.default_timeout_s, self.max_output_bytes = default_timeout_s, max_output_bytes
+        self.max_output_depth = max_output_depth if max_output_depth > 0 else DEEPEST_OUTPUT
         self._workflows = {w.name: w for w in config.workflows}
         self._static = self._load_python(config.tools)
         timings = mcp_timings or McpTimings()
@@ -315,9 +323,13 @@ class ToolCatalog:
         except (Exception, asyncio.CancelledError):
             return self._internal(name, ctx)
         try:
-            size = len(orjson.dumps(output))
+            encoded = orjson.dumps(output)
         except (TypeError, ValueError):
             return self._internal(name, ctx)  # the log cannot hold it
+        size = len(encoded)
+        if nesting_over(encoded, self.max_output_depth):  # as a client's result would be
+            return _failed(f"{name} returned output nested deeper than "
+                           f"{self.max_output_depth} levels", "too_large")
         if size > self.max_output_bytes:
             ctx.logger.warning("server tool %s returned %d bytes of JSON, over the limit of %d",
                                name, size, self.max_output_bytes)

@@ -20,4 +20,5 @@ def build_catalog(settings: Settings) -> ToolCatalog:
         poll_s=settings.mcp_poll_s,
     )
     return ToolCatalog(config, default_timeout_s=settings.server_tool_timeout_s,
-                       mcp_timings=timings, max_output_bytes=settings.max_message_bytes)
+                       mcp_timings=timings, max_output_bytes=settings.max_message_bytes,
+                       max_output_depth=settings.max_json_depth)
