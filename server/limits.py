@@ -16,8 +16,8 @@ class TokenBucket:
         self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._rate = rate
-        self._burst = burst
-        self._tokens = burst
+        self._burst = max(1.0, burst)  # under one (a rate below 0.5/s) no token ever came
+        self._tokens = self._burst
         self._clock = clock
         self._stamp = clock()
 

@@ -81,6 +81,18 @@ def test_token_bucket_with_a_fake_clock() -> None:
     assert TokenBucket(rate=0, burst=0).take() == 0  # disabled
 
 
+def test_a_rate_under_half_a_token_a_second_still_lets_requests_through() -> None:
+    """COWRITE_RATE_MESSAGES_PER_S=0.4 made a burst of 0.8: no token ever came, and
+    every request was refused for good with a `retry_after_ms` that lied."""
+    now = [0.0]
+    bucket = TokenBucket(rate=0.4, burst=0.8, clock=lambda: now[0])
+    assert bucket.take() == 0
+    wait_ms = bucket.take()
+    assert 2400 <= wait_ms <= 2600
+    now[0] += wait_ms / 1000
+    assert bucket.take() == 0
+
+
 def test_user_buckets_are_per_user_and_bounded() -> None:
     now = [0.0]
     buckets = UserBuckets(rate=1, burst=2, kept=2, clock=lambda: now[0])
