@@ -76,6 +76,24 @@ class _Rest(Coroutine[Any, Any, None]):
     def close(self) -> None:
         self._coro.close()
 
+    # What a task's repr and `get_stack` read (the hang report prints them): the
+    # coroutine's own, not an anonymous "<_Rest without __name__>" with no stack.
+    @property
+    def __name__(self) -> str:
+        return str(getattr(self._coro, "__qualname__", type(self._coro).__name__))
+
+    @property
+    def cr_frame(self) -> Any:
+        return getattr(self._coro, "cr_frame", None)
+
+    @property
+    def cr_await(self) -> Any:
+        return getattr(self._coro, "cr_await", None)
+
+    @property
+    def cr_running(self) -> bool:
+        return bool(getattr(self._coro, "cr_running", False))
+
     def __await__(self) -> Generator[Any, Any, None]:
         if self._first is None:
             raise RuntimeError("already resumed")

@@ -104,3 +104,20 @@ async def test_a_streaming_turn_ended_as_it_starts_leaves_no_stray_task(ending: 
                 gc.collect()
                 await asyncio.sleep(0.05)
     assert [context.get("message") for context in errors] == []
+
+
+async def test_an_eagerly_started_task_shows_its_coroutine_and_where_it_waits() -> None:
+    """Its task read `coro=<<_Rest without __name__>()>` with an empty stack: the hang
+    report (tests/hang_report.py) showed nothing for model and inbox turns."""
+    async def model_turn() -> None:
+        await asyncio.sleep(10)
+
+    task = start_eagerly(model_turn(), asyncio.get_running_loop().create_task)
+    assert task is not None
+    try:
+        assert "model_turn()" in repr(task)
+        assert [frame.f_code.co_name for frame in task.get_stack()] == ["model_turn"]
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
