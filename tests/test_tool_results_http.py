@@ -74,6 +74,9 @@ async def test_refusals_leave_the_call_pending(server: Server) -> None:
         assert not_pending.status_code == 409 and not_pending.json()["code"] == "call_not_pending"
         unknown = await http.post(_url(server, "run_none"), json=good, headers=_auth())
         assert unknown.status_code == 404 and unknown.json()["code"] == "run_not_found"
+        # a run id no run can have is the path's fault, not the body's ("invalid body")
+        long_id = await http.post(_url(server, "r" * 200), json=good, headers=_auth())
+        assert long_id.status_code == 404 and long_id.json()["code"] == "run_not_found"
 
         malformed = await http.post(url, content=b"{not json", headers=_auth())
         assert malformed.status_code == 400 and malformed.json()["code"] == "invalid_message"

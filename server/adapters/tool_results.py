@@ -51,6 +51,10 @@ async def post_tool_result(request: Request) -> Response:
         message = validate_message({**body, "type": "tool.result", "run_id": run_id,
                                     "id": uuid.uuid4().hex[:16]})
         if isinstance(message, ParseFailure):
+            if any((d.get("loc") or [None])[0] == "run_id" for d in message.details or ()):
+                # the path's run id, not the body: no run can have it
+                raise HttpFailure(ErrorCode.RUN_NOT_FOUND,
+                                  f"no run {run_id[:64]!r} on this document (not a run id)")
             raise HttpFailure(message.code, message.message.replace("tool.result", "body", 1),
                               details=message.details)
         assert isinstance(message, ToolResult)
