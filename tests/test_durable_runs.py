@@ -3,8 +3,10 @@ server processes: the owner killed while an approval waits, a server tool cut
 mid-call, every instance gone at once (the startup sweep)."""
 
 import asyncio
+import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +21,7 @@ from tests.cluster_support import (
     start_run,
 )
 from tests.fake_openai import Reply, running_fake_openai
-from tests.harness import Client
+from tests.harness import Client, running_server
 from tests.redis_support import redis_process
 from tests.runs import answer, call, of_run, script
 from tests.tool_support import file_says
@@ -219,3 +221,41 @@ async def test_a_lone_instance_still_ends_its_runs_on_sigterm() -> None:
             await again.send({"type": "ping", "ts": 1})
             await again.recv_until("pong")
             assert [e for e in again.events if "seq" in e] == []
+
+
+@pytest.mark.parametrize("kind", ["tool.result", "approval"])
+async def test_an_answer_leaves_the_owners_inbox_only_once_applied(
+        kind: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A result forwarded to the run's owner was taken from its inbox before it was
+    applied: an owner killed in between lost it (the next owner's replay reads only
+    what is left) and the call timed out. Here the owner fails while applying it."""
+    async with redis_process() as redis, running_server(redis_url=redis.url) as server:
+        router, backend = server.services.router, server.services.backend
+        applying = asyncio.Event()
+
+        async def dies_while_applying(message: dict[str, Any]) -> None:
+            applying.set()
+            raise RuntimeError("killed while applying")
+
+        monkeypatch.setattr(router, "_dispatch", dies_while_applying)
+        answer = {"type": kind, "run_id": "r-1", "call_id": "c-1",
+                  **({"token": "t", "output": 1} if kind == "tool.result" else
+                     {"decision": "approve"})}
+        envelope = {"kind": "message", "document_id": "doc-1", "origin": "elsewhere",
+                    "connection": "c", "user_id": "alice", "client_id": "tab",
+                    "message": answer}
+        with caplog.at_level(logging.CRITICAL, logger="cowrite.remote"):
+            await backend.send(router.me, envelope)
+            await asyncio.wait_for(applying.wait(), 10)
+            await asyncio.sleep(0.2)
+        assert [message for _, message in await backend.unread_messages(router.me)] == \
+            [envelope]  # left for whoever takes the run over
+        monkeypatch.undo()  # applied this time (answered: no such run): then taken
+        applied = {**envelope, "message": {**answer, "call_id": "c-2"}}
+        await backend.send(router.me, applied)
+        for _ in range(100):
+            unread = [message for _, message in await backend.unread_messages(router.me)]
+            if applied not in unread:
+                break
+            await asyncio.sleep(0.05)
+        assert unread == [envelope]

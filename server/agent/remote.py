@@ -80,6 +80,17 @@ class RemotePeer:
         self.reply(Ack(reply_to=reply_to, **fields))
 
 
+def _answers_a_call(message: dict[str, Any]) -> bool:
+    """A forwarded `tool.result` or `approval`: taken from the inbox only once applied,
+    so an owner killed while applying it leaves it for the next owner's replay (taken
+    first, it was lost, and the call timed out). Applied twice it is harmless: the run
+    answers a repeat as a duplicate. Other messages are taken first (an edit applied
+    twice would move the run's scope twice)."""
+    inner = message.get("message")
+    return message.get("kind") == "message" and isinstance(inner, dict) and \
+        inner.get("type") in ("tool.result", "approval")
+
+
 class RunRouter:
     def __init__(self, backend: Backend, hub: SessionHub, machine: RunMachine, metrics: Metrics,
                  instance_id: str, lease_s: float, run_timeout_s: float = 600.0,
@@ -205,7 +216,12 @@ class RunRouter:
     async def _inbox_loop(self) -> None:
         async for entry_id, message in self.backend.inbox(self.me):
             try:
-                if message.get("kind") == "reply" or await self._claim(self.me, entry_id):
+                if message.get("kind") == "reply":
+                    await self._dispatch(message)
+                elif _answers_a_call(message):  # taken once applied (see `_answers_a_call`)
+                    await self._dispatch(message)
+                    await self._claim(self.me, entry_id)
+                elif await self._claim(self.me, entry_id):
                     await self._dispatch(message)
             except Exception:
                 logger.exception("inbox message failed: %s", message.get("kind"))
@@ -224,8 +240,13 @@ class RunRouter:
         with contextlib.suppress(BackendUnavailable):
             for entry_id, message in await self.backend.unread_messages(owner):
                 about = message.get("run_id") or (message.get("message") or {}).get("run_id")
-                if message.get("kind") != "reply" and message.get("document_id") == \
-                        document_id and about == run_id and await self._claim(owner, entry_id):
+                if message.get("kind") == "reply" or message.get("document_id") != \
+                        document_id or about != run_id:
+                    continue
+                if _answers_a_call(message):
+                    await self._dispatch(message)
+                    await self._claim(owner, entry_id)
+                elif await self._claim(owner, entry_id):
                     await self._dispatch(message)
 
     async def _dispatch(self, message: dict[str, Any]) -> None:
