@@ -20,7 +20,7 @@ from server.app import create_app
 from server.lifecycle import DrainingServer, drain
 from server.runner import uvicorn_config
 from server.settings import Settings
-from server.startup_errors import settings_problems
+from server.startup_errors import StartupError, settings_problems
 from server.tools.config import ConfigError
 
 
@@ -41,6 +41,20 @@ def browser_url(configured_host: str, bound: tuple[object, ...]) -> str:
     if ":" in host:
         host = f"[{host}]"
     return f"http://{host}:{port}/"
+
+
+def check_host(host: str) -> None:
+    """A `COWRITE_HOST` that does not resolve stops the start in one line, exit 2 (it
+    was uvicorn's `[Errno -2] Name or service not known`, exit 3, after the lifespan).
+    An empty host means every interface."""
+    if not host:
+        return
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not a valid name"
+        raise StartupError(f"COWRITE_HOST: not an IP address nor a name this machine "
+                           f"resolves ({reason})") from exc
 
 
 GC_THRESHOLDS = (5_000, 4, 50)
@@ -103,12 +117,13 @@ class AnnouncingServer(DrainingServer):
 def main() -> int:
     try:
         settings = Settings()
+        check_host(settings.host)
         app = create_app(settings)
     except ValidationError as exc:  # a bad COWRITE_* value: one line each, no values
         for problem in settings_problems(exc):
             print(f"cowrite: {problem}", file=sys.stderr, flush=True)
         return 2
-    except (ConfigError, ValueError) as exc:  # the start-up checks' own words, one line
+    except (StartupError, ConfigError, ValueError) as exc:  # the checks' own words, one line
         print(f"cowrite: {exc}", file=sys.stderr, flush=True)
         return 2
     services = app.state.services

@@ -76,7 +76,7 @@ async def document_socket(ws: WebSocket) -> None:
         await ws.send_denial_response(PlainTextResponse("unknown document", status_code=404))
         return
     origin = _header(ws, "origin")
-    if settings.allowed_origins and origin is not None and origin not in settings.allowed_origins:
+    if origin is not None and not settings.origin_allowed(origin):
         logger.warning("refused origin %s", origin[:200], extra={"document_id": document_id})
         await ws.send_denial_response(PlainTextResponse("origin not allowed", status_code=403))
         return

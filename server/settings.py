@@ -7,9 +7,46 @@ process. Every field here is listed in README's configuration table.
 
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+# Ranges of the settings (README's table says which take 0 and what it means). A float
+# that is not finite (`inf`, `nan`) is refused too: `int(inf * 1000)` raised mid-run.
+Port = Annotated[int, Field(ge=0, le=65535)]  # 0: the OS picks one (the banner says which)
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]  # 0 would make no sense
+SecondsOrOff = Annotated[float, Field(ge=0, allow_inf_nan=False)]  # 0: documented meaning
+RateOrOff = SecondsOrOff  # 0: disabled
+Count = Annotated[int, Field(ge=1)]
+CountOrOff = Annotated[int, Field(ge=0)]  # 0: documented meaning (disables, no cap, none)
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def normalized_origin(value: str) -> str | None:
+    """`value` as a browser writes an `Origin` header (`scheme://host[:port]`, scheme
+    and host in lower case, no default port, no trailing `/`), or None when it is not
+    one (no scheme or host, a path, a query, a fragment, credentials, a bad port)."""
+    try:
+        parts = urlsplit(value.strip())
+        port = parts.port
+    except ValueError:  # a port that is not a number or out of range, a bad IPv6 literal
+        return None
+    scheme, host = parts.scheme.lower(), parts.hostname
+    if not scheme or not host or parts.path not in ("", "/") or parts.query \
+            or parts.fragment or "?" in value or "#" in value or parts.username is not None:
+        return None
+    if ":" in host:
+        host = f"[{host}]"
+    elif not host.isascii():  # browsers send an internationalised name in its ASCII form
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError:
+            return None
+    if port is not None and port != _DEFAULT_PORTS.get(scheme):
+        return f"{scheme}://{host}:{port}"
+    return f"{scheme}://{host}"
 
 
 class Settings(BaseSettings):
@@ -17,7 +54,7 @@ class Settings(BaseSettings):
 
     # Serving
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: Port = 8000
     dev: bool = False
     log_json: bool | None = None  # default: JSON unless dev
     log_level: str = "info"
@@ -29,29 +66,31 @@ class Settings(BaseSettings):
     call_token_secret: SecretStr | None = None
     allowed_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     metrics_token: SecretStr | None = None  # Bearer token /metrics asks for, when set
-    metrics_port: int | None = None  # serve /metrics on this port only (not the main one)
+    # serve /metrics on this port only (not the main one); 0 would hide it on a port
+    # nobody is told
+    metrics_port: Annotated[int, Field(ge=1, le=65535)] | None = None
 
     # Transport (sections 1 and 7)
     max_message_bytes: int = 1_048_576
-    heartbeat_s: float = 20.0
-    hello_timeout_s: float = 5.0
+    heartbeat_s: Seconds = 20.0
+    hello_timeout_s: Seconds = 5.0
     outbound_queue_max: int = 4096
     outbound_max_bytes: int = 1_048_576  # queued frame text per connection, then 4009
     max_json_depth: int = 64  # 0: only orjson's own limit (1024)
-    max_pending_handshakes: int = 256  # sockets not yet past hello, per instance; 0: no cap
-    max_invalid_messages: int = 20
-    close_timeout_s: float = 2.0
+    max_pending_handshakes: CountOrOff = 256  # sockets not yet past hello, per instance; 0: no cap
+    max_invalid_messages: CountOrOff = 20  # 0: no limit
+    close_timeout_s: Seconds = 2.0
 
     # Document logs and backend (section 3)
     redis_url: str | None = None
-    log_max_events: int = 10_000
-    memory_idle_s: float = 3600.0  # memory backend: evict documents idle this long; 0: never
-    memory_max_documents: int = 10_000  # memory backend: LRU cap on documents held; 0: none
+    log_max_events: Count = 10_000
+    memory_idle_s: SecondsOrOff = 3600.0  # memory backend: evict documents idle this long; 0: never
+    memory_max_documents: CountOrOff = 10_000  # memory backend: LRU cap on documents held; 0: none
 
     # Limits (section 6a); 0 disables
-    max_connections_per_user: int = 50
-    rate_messages_per_s: float = 200.0
-    rate_runs_per_min: int = 120
+    max_connections_per_user: CountOrOff = 50
+    rate_messages_per_s: RateOrOff = 200.0
+    rate_runs_per_min: CountOrOff = 120
 
     # Tracing (optional extra `otel`): a span per run, children per model call,
     # tool round trip and approval wait
@@ -67,33 +106,33 @@ class Settings(BaseSettings):
         default=None, validation_alias=AliasChoices("OPENAI_API_KEY", "COWRITE_OPENAI_API_KEY")
     )
     openai_base_url: str | None = None
-    openai_warmup_timeout_s: float = Field(default=3.0, ge=0)  # 0: no warm-up at start
-    openai_timeout_s: float = Field(default=120.0, gt=0)  # one model request, any silence
-    history_max_chars: int = Field(default=24_000, ge=0)  # earlier turns sent to the model
+    openai_warmup_timeout_s: SecondsOrOff = 3.0  # 0: no warm-up at start
+    openai_timeout_s: Seconds = 120.0  # one model request, any silence
+    history_max_chars: CountOrOff = 24_000  # earlier turns sent to the model
     tool_format: Literal["native", "json"] = "native"
     system_prompt: str = (
         "You are cowrite, an assistant that co-writes a document with its authors. "
         "Use the tools to read and edit the document; keep edits minimal and explain them briefly."
     )
-    max_steps: int = 20
-    tool_timeout_s: float = 60.0
-    approval_timeout_s: float = 300.0
-    run_timeout_s: float = 600.0
-    client_grace_s: float = 30.0
-    server_tool_timeout_s: float = 10.0
-    run_lease_s: float = 10.0
+    max_steps: Count = 20
+    tool_timeout_s: Seconds = 60.0
+    approval_timeout_s: Seconds = 300.0
+    run_timeout_s: Seconds = 600.0
+    client_grace_s: SecondsOrOff = 30.0  # 0: a run waiting on a gone executor ends at once
+    server_tool_timeout_s: Seconds = 10.0
+    run_lease_s: Seconds = 10.0
     # Redis: checkpoint runs so a survivor takes them over (section 13); False is 1.0's
     # behaviour (a lost owner's run ends server_lost), to measure what checkpoints cost
     durable_runs: bool = True
-    max_queued_runs: int = Field(default=8, ge=0)
+    max_queued_runs: CountOrOff = 8
     allow_interrupt: bool = True
 
     # Server tools and MCP servers (section 15)
     config: Path | None = None
-    mcp_connect_timeout_s: float = Field(default=10.0, gt=0)
-    mcp_retry_min_s: float = Field(default=0.5, gt=0)
-    mcp_retry_max_s: float = Field(default=30.0, gt=0)
-    mcp_poll_s: float = Field(default=30.0, gt=0)
+    mcp_connect_timeout_s: Seconds = 10.0
+    mcp_retry_min_s: Seconds = 0.5
+    mcp_retry_max_s: Seconds = 30.0
+    mcp_poll_s: Seconds = 30.0
 
     @field_validator("allowed_origins", "allowed_models", mode="before")
     @classmethod
@@ -101,6 +140,39 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [item.strip() for item in value.split(",") if item.strip()]
         return value
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _normalize_origins(cls, value: list[str]) -> list[str]:
+        """Each entry as the browser sends its `Origin`: `http://localhost:3000/` or
+        `HTTP://Example.com` refused every real request with 403. An entry that is
+        not an origin stops the start (it could never match); named by its place,
+        not its value."""
+        origins = []
+        for place, entry in enumerate(value, start=1):
+            origin = normalized_origin(entry)
+            if origin is None:
+                raise ValueError(
+                    f"entry {place} is not an origin: write scheme://host[:port] with no "
+                    "path, query or credentials (e.g. https://app.example.com), or leave "
+                    "the variable unset to allow any origin")
+            origins.append(origin)
+        return origins
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _empty_config_is_unset(cls, value: object) -> object:
+        """`COWRITE_CONFIG=` (as a template or a shell leaves it) means no tool file;
+        it was read as the path `.`, a directory."""
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
+
+    def origin_allowed(self, origin: str) -> bool:
+        """Whether a request's `Origin` header passes `COWRITE_ALLOWED_ORIGINS` (no
+        entries: any origin passes). Compared in the normalised form both sides."""
+        allowed = self.allowed_origins
+        return not allowed or origin in allowed or normalized_origin(origin) in allowed
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":

@@ -9,6 +9,11 @@ from pydantic import ValidationError
 from server.settings import Settings
 
 
+class StartupError(RuntimeError):
+    """A start-up that cannot go on (an optional package missing, say), in one line that
+    names the variable and what to do; `python -m server` prints it and exits 2."""
+
+
 def _variable(field: object) -> str:
     """The environment variable behind a settings field (`port` -> `COWRITE_PORT`)."""
     if field == "openai_api_key":

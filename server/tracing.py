@@ -57,6 +57,7 @@ from server.agent.steps import (
     Resume,
 )
 from server.settings import Settings
+from server.startup_errors import StartupError
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import Tracer, TracerProvider
@@ -257,8 +258,8 @@ def configure(settings: Settings) -> RunTracer | None:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import Tracer, TracerProvider
     except ImportError as exc:
-        raise RuntimeError("COWRITE_OTEL=1 needs the otel extra: pip install "
-                           "'cowrite[otel]'") from exc
+        raise StartupError("COWRITE_OTEL=1 needs the otel extra: pip install "
+                           "'cowrite[otel]' (or set COWRITE_OTEL=0)") from exc
     if active is not None:  # a new app in the same process (tests): one exporting thread
         active.shutdown()
         active = None

@@ -197,11 +197,15 @@ def exporter(kind: str) -> SpanExporter:
 
         return ConsoleSpanExporter()
     try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found]
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found, unused-ignore]
             OTLPSpanExporter,
         )
-    except ImportError as exc:
-        raise RuntimeError("COWRITE_OTEL_EXPORTER=otlp needs "
-                           "opentelemetry-exporter-otlp-proto-http") from exc
+    except ImportError as exc:  # README: one line naming the variable, exit 2
+        from server.startup_errors import StartupError
+
+        raise StartupError(
+            "COWRITE_OTEL_EXPORTER=otlp (the default) needs the OTLP exporter: pip install "
+            "'cowrite[otel]' (or opentelemetry-exporter-otlp-proto-http), or set "
+            "COWRITE_OTEL_EXPORTER=console or none") from exc
     otlp: SpanExporter = OTLPSpanExporter()
     return otlp

@@ -228,8 +228,8 @@ async def ai_sdk_socket(ws: WebSocket) -> None:
     if not DOCUMENT_ID.fullmatch(document_id):
         await ws.send_denial_response(PlainTextResponse("unknown document", status_code=404))
         return
-    origin, allowed = ws.headers.get("origin"), services.settings.allowed_origins
-    if allowed and origin is not None and origin not in allowed:
+    origin = ws.headers.get("origin")
+    if origin is not None and not services.settings.origin_allowed(origin):
         await ws.send_denial_response(PlainTextResponse("origin not allowed", status_code=403))
         return
     gate: HandshakeGate = ws.app.state.handshakes

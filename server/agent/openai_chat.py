@@ -72,10 +72,30 @@ class OpenAIChat:
         try:
             async with asyncio.timeout(timeout_s):
                 await self._client.models.list()
-        except Exception as exc:  # any failure: the first run will say what is wrong
+        except openai.APIStatusError as exc:  # reached: its answer may say the setup is wrong
+            self._warm_answer(exc.status_code)
+        except Exception as exc:  # down or slow now: the first run will say what is wrong
             logger.info("model upstream not reached while warming up (%s); the first run "
                         "will connect", type(exc).__name__)
         logger.debug("model client warmed in %.1f ms", (time.perf_counter() - started) * 1000)
+
+    def _warm_answer(self, status: int) -> None:
+        """The upstream answered the warm-up's `GET /models` with an error. A 404 or
+        401 was logged as "not reached; the first run will connect", yet it was reached
+        and every run would fail: the URL (typically without `/v1`) or the key is wrong.
+        Neither the URL nor the key is printed."""
+        if status == 404:
+            path = self._client.base_url.path.rstrip("/")
+            hint = "" if path.endswith("/v1") else (
+                "; OpenAI-compatible servers usually serve under /v1: add /v1 to its end")
+            logger.warning("model upstream answered 404 to GET /models while warming up: "
+                           "check COWRITE_OPENAI_BASE_URL%s", hint)
+        elif status in (401, 403):
+            logger.warning("model upstream refused the API key (%d) while warming up: check "
+                           "OPENAI_API_KEY (or COWRITE_OPENAI_API_KEY)", status)
+        else:
+            logger.info("model upstream answered %d while warming up; the first run will "
+                        "try again", status)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         options: dict[str, Any] = {}
