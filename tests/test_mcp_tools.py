@@ -6,9 +6,10 @@ import contextlib
 import itertools
 import logging
 import os
+import re
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -282,6 +283,129 @@ async def test_a_server_hanging_on_initialize_is_stopped_not_left_running(
     starting.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await starting
+
+
+
+@pytest.mark.parametrize("close_after_s", [0.5, 1.3, 2.5])
+async def test_closing_near_the_connect_timeout_still_stops_the_server(
+        tmp_path: Path, close_after_s: float) -> None:
+    """The connect timeout was an asyncio.timeout: when it fired while close() had the
+    SDK shutting the server down (stdin closed, 2 s, SIGTERM), its native cancel cut that
+    shielded shutdown short; close() then took 11 s and the server outlived cowrite. The
+    timeout here is 1.5 s, so closing at 0.5 s and 1.3 s lands in that window, and at
+    2.5 s during the SDK's own shutdown of the timed-out attempt."""
+    pids = tmp_path / "pids"
+    command = [sys.executable, "-c", HANGS_ON_INITIALIZE, str(pids)]
+    connection = McpConnection(McpServerConfig(name="mute", command=command),
+                               McpTimings(connect_timeout_s=1.5, retry_min_s=30,
+                                          retry_max_s=30))
+    starting = asyncio.create_task(connection.start())
+    await _eventually(lambda: pids.exists() and pids.read_text().endswith("\n"), 10)
+    await asyncio.sleep(close_after_s)
+    began = asyncio.get_running_loop().time()
+    await asyncio.wait_for(connection.close(), 15)
+    took = asyncio.get_running_loop().time() - began
+    assert took < 3.5, took  # the SDK's shutdown: 2 s of grace, then SIGTERM
+    pid = int(pids.read_text().split()[0])
+    assert not _alive(pid)
+    await asyncio.wait_for(starting, 5)
+
+
+
+@contextlib.contextmanager
+def mcp_log() -> Iterator[list[logging.LogRecord]]:
+    """The records of cowrite.tools.mcp, debug level included."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign,assignment]
+    logger = logging.getLogger("cowrite.tools.mcp")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def warnings_of(records: list[logging.LogRecord]) -> list[str]:
+    return [r.getMessage() for r in records if r.levelno >= logging.WARNING]
+
+
+async def test_a_missing_cwd_is_named_not_blamed_on_the_command(tmp_path: Path) -> None:
+    """The spawn's FileNotFoundError was reported as "its command cannot be started"."""
+    missing = tmp_path / "gone"
+    config = STDIO.replace(orjson.dumps(str(ROOT)).decode(), orjson.dumps(str(missing)).decode())
+    with mcp_log() as records:
+        async with started(config) as tools:
+            problem = {e["name"]: e for e in tools.describe()}["fx__*"]["problem"]
+    assert problem == "MCP server fx is down (its working directory does not exist); restarting"
+    assert warnings_of(records)[0] == (
+        f"mcp server fx is down: its working directory does not exist (cwd '{missing}'); "
+        "restarting in the background")
+
+
+async def test_an_unreachable_http_server_is_one_line_naming_the_url() -> None:
+    """httpx's ConnectError was no connection error: an 80-line traceback."""
+    url = f"http://127.0.0.1:{free_port()}/mcp"
+    with mcp_log() as records:
+        async with started(f'[[mcp]]\nname = "web"\nurl = "{url}"\n') as tools:
+            problem = {e["name"]: e for e in tools.describe()}["web__*"]["problem"]
+    assert problem == "MCP server web is down (cannot connect: connection refused); restarting"
+    down = [r for r in records if r.levelno == logging.WARNING]
+    assert [r.getMessage() for r in down] == [
+        f"mcp server web is down: cannot connect to {url}: connection refused; "
+        "restarting in the background"]
+    assert down[0].exc_info is None
+
+
+async def test_a_wrong_url_path_is_reported_as_a_404() -> None:
+    """It was reported as "MCP error -32601" (the SDK's stand-in for the 404)."""
+    server = HttpMcp(free_port())
+    await server.start()
+    url = f"http://127.0.0.1:{server.port}/wrong"
+    try:
+        with mcp_log() as records:
+            async with started(f'[[mcp]]\nname = "web"\nurl = "{url}"\n') as tools:
+                problem = {e["name"]: e for e in tools.describe()}["web__*"]["problem"]
+    finally:
+        await server.stop()
+    assert problem == "MCP server web is down (its URL answered 404 Not Found); restarting"
+    assert warnings_of(records)[0] == (
+        f"mcp server web is down: {url} answered 404 Not Found (is the path right?); "
+        "restarting in the background")
+
+
+async def test_a_crashed_server_is_one_warning_then_restarted() -> None:
+    """It was restarted without a word in the log."""
+    timings = McpTimings(connect_timeout_s=10, retry_min_s=0.05, retry_max_s=0.5, poll_s=1.0)
+    with mcp_log() as records:
+        async with started_with(STDIO, timings) as tools:
+            assert warnings_of(records) == []
+            pid = (await tools.invoke("fx__pid", {}, tool_context())).output["result"]
+            os.kill(pid, signal.SIGKILL)
+            await _eventually(lambda: bool(warnings_of(records)), 10)
+            await until(tools, lambda: available(tools).get("fx__pid") is True)
+            again = await tools.invoke("fx__pid", {}, tool_context())
+            assert again.output["result"] != pid
+    [warning] = warnings_of(records)  # noticed by the listen stream or by a listing
+    assert re.fullmatch(r"mcp server fx went down: connection (lost|closed); restarting in "
+                        r"the background", warning), warning
+
+
+
+async def test_a_typo_in_the_allowlist_or_rename_is_a_warning_once() -> None:
+    """A name the server does not list was ignored without a word."""
+    config = STDIO + 'tools = ["add", "ad"]\nrename = { add = "plus", shuot = "yell" }\n'
+    timings = McpTimings(connect_timeout_s=10, retry_min_s=0.05, poll_s=0.2, relist_gap_s=0.1)
+    with mcp_log() as records:
+        async with started_with(config, timings) as tools:
+            assert available(tools)["plus"] is True
+            await asyncio.sleep(0.6)  # more listings: no more warnings
+    assert warnings_of(records) == [
+        "mcp server fx lists no tool named 'ad' (tools), 'shuot' (rename); check the "
+        "spelling in its config"]
 
 
 # Streamable HTTP ---------------------------------------------------------------

@@ -280,6 +280,37 @@ import = "tests.tool_fixtures:greet"
     assert {s.name for s in tools.specs()} == {"text_stats", "greet"}
 
 
+
+def test_parameters_pydantic_would_drop_are_refused_at_load_time() -> None:
+    """They were silently left out of the schema, the tool listed available, and every
+    call failed `tool failed (ref ...)`."""
+    tools = catalog('[[tools]]\nimport = "tests.tool_fixtures:underscored"\n'
+                    '[[tools]]\nimport = "tests.tool_fixtures:configured"\n')
+    described = by_name(tools.describe())
+    assert described["underscored"]["problem"] == (
+        "parameter '_trace' cannot be used: pydantic ignores names that start with an "
+        "underscore; rename it")
+    assert described["configured"]["problem"] == (
+        "parameter 'model_config' cannot be used: pydantic reserves it for its models; "
+        "rename it")
+    assert {s.name for s in tools.specs()} == {"text_stats"}
+
+
+async def test_parameters_named_like_model_methods_work() -> None:
+    tools = catalog('[[tools]]\nimport = "tests.tool_fixtures:shadowing"\n')
+    result = await tools.invoke("shadowing", {"json": 1, "copy": "x"}, tool_context())
+    assert result.output == "1 x"
+
+
+@pytest.mark.parametrize("function", ["maybe_context", "maybe_context_old_style"])
+async def test_an_optional_context_parameter_is_the_context(function: str) -> None:
+    tools = catalog(f'[[tools]]\nimport = "tests.tool_fixtures:{function}"\n')
+    spec = tools.spec(function)
+    assert spec is not None and set(spec.parameters["properties"]) == {"text"}
+    result = await tools.invoke(function, {"text": "hi"}, tool_context())
+    assert result.output == "hi for alice"
+
+
 def test_a_module_calling_sys_exit_at_import_is_a_problem_not_an_exit() -> None:
     tools = catalog('[[tools]]\nimport = "tests.exits_on_import:tool"\n')
     entry = by_name(tools.describe())["tool"]
@@ -319,6 +350,32 @@ def test_duplicate_names_are_reported_not_shadowed() -> None:
         ("text_stats", "builtin", True), ("text_stats", "python", False)]
     assert entries[1]["problem"] == "duplicate name: also defined by builtin"
     assert [s.source for s in tools.specs()] == ["builtin"]
+
+
+
+@pytest.mark.parametrize("broken_first", [True, False])
+async def test_a_tool_that_cannot_load_never_takes_the_name_of_one_that_works(
+        broken_first: bool) -> None:
+    """A broken entry listed first claimed the name: both were unavailable, the working
+    one reported as a duplicate of the broken one."""
+    broken = '[[tools]]\nimport = "tests.no_such_module:greet"\n'
+    working = '[[tools]]\nimport = "tests.tool_fixtures:greet"\n'
+    tools = catalog(broken + working if broken_first else working + broken)
+    entries = [e for e in tools.describe() if e["name"] == "greet"]
+    problems = {e["available"]: e.get("problem") for e in entries}
+    assert problems == {True: None,
+                        False: "cannot import tests.no_such_module (ModuleNotFoundError)"}
+    assert "greet" in {s.name for s in tools.specs()}
+    result = await tools.invoke("greet", {"name": "Ann"}, tool_context())
+    assert result.status == "ok"
+
+
+def test_two_broken_entries_of_one_name_each_report_their_own_problem() -> None:
+    tools = catalog('[[tools]]\nimport = "tests.no_such_module:greet"\n'
+                    '[[tools]]\nimport = "tests.exits_on_import:greet"\n')
+    assert [e.get("problem") for e in tools.describe() if e["name"] == "greet"] == [
+        "cannot import tests.no_such_module (ModuleNotFoundError)",
+        "cannot import tests.exits_on_import (SystemExit)"]
 
 
 def test_disabled_python_tool_is_not_offered() -> None:

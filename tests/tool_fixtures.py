@@ -2,7 +2,7 @@
 
 import asyncio
 import socket
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 from pydantic import BaseModel, Field
 
@@ -156,3 +156,28 @@ async def stubborn_then_fails(key: str, seconds: float) -> str:
     """As `stubborn`, then raises: its exception must still be retrieved."""
     await stubborn(key, seconds)
     raise RuntimeError("failed after ignoring its cancellation")
+
+
+async def underscored(text: str, _trace: bool = False) -> str:
+    """A parameter pydantic would drop (underscore): refused, not offered without it."""
+    return text
+
+
+async def configured(model_config: str) -> str:
+    """A parameter named like pydantic's own attribute: refused."""
+    return model_config
+
+
+async def shadowing(json: int, copy: str = "c") -> str:
+    """Parameters named like BaseModel methods still work."""
+    return f"{json} {copy}"
+
+
+async def maybe_context(text: str, ctx: ToolContext | None = None) -> str:
+    """An optional context is still the context."""
+    return f"{text} for {ctx.user_id if ctx else 'nobody'}"
+
+
+async def maybe_context_old_style(text: str, ctx: Optional[ToolContext] = None) -> str:  # noqa: UP045
+    """As `maybe_context`, spelled with typing.Optional."""
+    return f"{text} for {ctx.user_id if ctx else 'nobody'}"

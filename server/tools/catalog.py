@@ -4,9 +4,12 @@ Sources, in priority order: the built-ins, the `[[tools]]` Python tools, then
 the `[[mcp]]` servers, each in file order. Names are unique across sources:
 when two entries want the same name, the first keeps it and the later one is
 reported unavailable with a `problem` naming the other, never silently
-shadowed. Tools that cannot be loaded, and MCP servers that are down, are
-reported (`describe()`) but not offered (`specs()`); startup never fails
-because of them, only because of an invalid config file.
+shadowed. An entry that is broken itself (a tool that cannot be loaded, an
+MCP tool whose name or schema is unusable) claims no name against one that
+can work, and is reported with its own problem. Tools that cannot be loaded,
+and MCP servers that are down, are reported (`describe()`) but not offered
+(`specs()`); startup never fails because of them, only because of an invalid
+config file.
 
 `invoke` never raises (except CancelledError, which it lets through so that
 an abort reaches the running tool): every outcome is a `ToolInvocation`, and
@@ -116,6 +119,7 @@ class _Entry:
     problem: str | None
     run: Callable[[dict[str, Any], ToolContext], Awaitable[Any]] | None = None
     check: Callable[[dict[str, Any]], str | None] = _unchecked
+    broken: bool = False  # the problem is the entry's own, not its server's being down
 
 
 class ToolCatalog:
@@ -158,7 +162,8 @@ class ToolCatalog:
         except ToolLoadError as exc:
             log.warning("tool %s is unavailable: %s", import_string, exc, exc_info=exc.__cause__)
             name = entry.name or import_string.rpartition(":")[2].rpartition(".")[2]
-            return _Entry(spec(name, "", {"type": "object", "properties": {}}), str(exc))
+            return _Entry(spec(name, "", {"type": "object", "properties": {}}), str(exc),
+                          broken=True)
         return _Entry(spec(tool.name, tool.description, tool.parameters), None, tool.call,
                       tool.check)
 
@@ -185,30 +190,36 @@ class ToolCatalog:
                     for name in placeholder_names(config)]
         entries = []
         for tool in connection.tools:
-            problem = tool.problem or connection.problem
+            problem, broken = tool.problem or connection.problem, tool.problem is not None
             check = argument_check(tool.name, tool.parameters) if problem is None else None
             if isinstance(check, str):  # one tool's schema, not the catalog, is unusable
-                problem, check = check, None
+                problem, check, broken = check, None, True
 
             async def run(arguments: dict[str, Any], _: ToolContext, mcp_name: str = tool.mcp_name
                           ) -> Any:
                 return await connection.call(mcp_name, arguments)
 
             entries.append(_Entry(spec(tool.name, tool.description, tool.parameters), problem,
-                                  run, check or _unchecked))
+                                  run, check or _unchecked, broken))
         return entries
 
     def _resolve(self) -> tuple[dict[str, _Entry], list[_Entry]]:
-        """Every tool by name, first come first served, and the later duplicates."""
+        """Every tool by name, and every entry as `describe` reports it, in source order.
+
+        Names go first come first served, but broken entries come last: one that cannot
+        load must not take the name of one that works (a broken `[[tools]]` entry listed
+        first made both unavailable). A broken entry keeps its own problem."""
+        entries = [*self._static, *(e for c in self._mcp for e in self._mcp_entries(c))]
         resolved: dict[str, _Entry] = {}
-        duplicates: list[_Entry] = []
-        for entry in [*self._static, *(e for c in self._mcp for e in self._mcp_entries(c))]:
-            if entry.spec.name in resolved:
-                other = resolved[entry.spec.name].spec.source
-                duplicates.append(_Entry(entry.spec, f"duplicate name: also defined by {other}"))
-            else:
-                resolved[entry.spec.name] = entry
-        return resolved, duplicates
+        for entry in sorted(entries, key=lambda e: e.broken):  # stable: order kept within
+            resolved.setdefault(entry.spec.name, entry)
+        described = []
+        for entry in entries:
+            owner = resolved[entry.spec.name]
+            if owner is not entry and not entry.broken:
+                entry = _Entry(entry.spec, f"duplicate name: also defined by {owner.spec.source}")
+            described.append(entry)
+        return resolved, described
 
     def _entries(self) -> dict[str, _Entry]:
         return self._resolve()[0]
@@ -245,10 +256,8 @@ class ToolCatalog:
 
     def describe(self) -> list[dict[str, Any]]:
         """`GET /v1/tools` entries, the unavailable ones included (disabled ones are not)."""
-        resolved, duplicates = self._resolve()
-        entries = [*resolved.values(), *duplicates]
         described = []
-        for entry in entries:
+        for entry in self._resolve()[1]:
             item: dict[str, Any] = {
                 "name": entry.spec.name, "description": entry.spec.description,
                 "parameters": entry.spec.parameters, "source": entry.spec.source,

@@ -102,6 +102,14 @@ def convert_listing(config: McpServerConfig, tools: list[mcp_types.Tool]) -> lis
     return converted
 
 
+def unknown_names(config: McpServerConfig, tools: list[mcp_types.Tool]) -> list[str]:
+    """The `tools` and `rename` entries that name no listed tool (typos, most likely),
+    each as `'name' (key)`."""
+    listed = {tool.name for tool in tools}
+    unknown = [f"{name!r} (tools)" for name in config.tools or [] if name not in listed]
+    return unknown + [f"{name!r} (rename)" for name in config.rename if name not in listed]
+
+
 def placeholder_names(config: McpServerConfig) -> list[str]:
     """Names to report for a server never reached: its allowlist, or `<server>__*`."""
     if config.tools is None:

@@ -21,6 +21,7 @@ cancels the SDK request, which sends `notifications/cancelled` to the server.
 import asyncio
 import contextlib
 import logging
+import math
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -37,16 +38,14 @@ from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
 from server.tools.config import McpServerConfig
 from server.tools.context import ToolError, ToolUnavailable
-from server.tools.mcp_results import McpTool, convert_listing, tool_output
+from server.tools.mcp_failures import CONNECTION_ERRORS, Failure, check_cwd, describe_failure
+from server.tools.mcp_results import McpTool, convert_listing, tool_output, unknown_names
 
 log = logging.getLogger("cowrite.tools.mcp")
 
 _CLOSE_S = 10.0  # how long close() lets the SDK shut a connection down
 # The SDK's stdio shutdown: stdin closed, 2 s to exit, SIGTERM, 2 s more, SIGKILL.
 _TEARDOWN_S = 5.0
-
-_CONNECTION_ERRORS = (OSError, anyio.ClosedResourceError, anyio.BrokenResourceError,
-                      anyio.EndOfStream)
 
 
 @dataclass(frozen=True)
@@ -58,27 +57,6 @@ class McpTimings:
     retry_max_s: float = 30.0
     poll_s: float = 30.0
     relist_gap_s: float = 1.0  # at most one listing per gap, however often changes come
-
-
-def _innermost(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
-
-
-def describe_failure(exc: BaseException) -> str:
-    """A short, safe reason (no exception text: it is served by GET /v1/tools)."""
-    exc = _innermost(exc)
-    if isinstance(exc, TimeoutError):
-        return "no answer in time"
-    if isinstance(exc, FileNotFoundError | PermissionError):
-        return "its command cannot be started"
-    if isinstance(exc, MCPError):
-        return "connection closed" if exc.code == mcp_types.CONNECTION_CLOSED \
-            else f"MCP error {exc.code}"
-    if isinstance(exc, _CONNECTION_ERRORS):
-        return "connection lost"
-    return type(exc).__name__
 
 
 class McpConnection:
@@ -102,6 +80,7 @@ class McpConnection:
         self._scope: anyio.CancelScope | None = None  # the supervisor's: how close() stops it
         self._closing = False
         self._last_failure: str | None = None  # the reason last logged (see `_log_down`)
+        self._unknown_warned: set[str] = set()  # allowlist and rename typos, warned once
 
     @property
     def up(self) -> bool:
@@ -130,10 +109,10 @@ class McpConnection:
         One cancellation of the supervisor's anyio cancel scope, then up to `_CLOSE_S`
         for the SDK to shut the connection down (a stdio server gets its stdin closed,
         time to exit, then a signal). The SDK shields that shutdown from anyio's
-        cancellation but not from a second native `Task.cancel()` (the first starts
-        it), which cut it short and left a server that hung on `initialize` running
-        after cowrite exited. The
-        SDK's transports run anyio task groups, and a cancellation that lands while
+        cancellation but not from a native `Task.cancel()` (a second one here, or the
+        connect timeout's when it was an `asyncio.timeout`), which cut it short and left
+        a server that hung on `initialize` running after cowrite exited. The SDK's
+        transports run anyio task groups, and a cancellation that lands while
         one of them is failing can come out as an ordinary exception, so the
         supervisor also stops on `_closing`. Only a connection that still has not
         ended is cancelled once more and then left, with a warning: a shutdown or a
@@ -173,7 +152,7 @@ class McpConnection:
                 raise ToolUnavailable(f"MCP server {self.name} went away during the call") from exc
             log.warning("mcp server %s refused %s: %s", self.name, mcp_name, exc.error.message)
             raise ToolError(f"MCP server {self.name} refused the call (error {exc.code})") from exc
-        except _CONNECTION_ERRORS as exc:
+        except CONNECTION_ERRORS as exc:
             self._connection_lost(client)
             raise ToolUnavailable(f"MCP server {self.name} went away during the call") from exc
         return tool_output(result)
@@ -198,18 +177,17 @@ class McpConnection:
         elif isinstance(message, Exception):
             log.debug("mcp server %s transport: %r", self.name, message)
 
-    def _log_down(self, reason: str, exc: Exception) -> None:
+    def _log_down(self, failure: Failure, exc: Exception | None) -> None:
         """One line per failure, naming what to fix; a traceback only for a failure
         nobody expects, and a failure like the last one at debug level (a missing
-        command printed a 50-line traceback every retry, for ever)."""
-        command = f" (command {self.config.command[0]!r})" \
-            if self.config.command and reason == "its command cannot be started" else ""
-        expected = reason != type(_innermost(exc)).__name__
-        repeated = reason == self._last_failure
-        self._last_failure = reason
+        command printed a 50-line traceback every retry, for ever). A server that was
+        up and went down is always a warning (a crash was restarted without a word)."""
+        repeated = failure.logged == self._last_failure
+        self._last_failure = failure.logged
         log.log(logging.DEBUG if repeated else logging.WARNING,
-                "mcp server %s is down (%s)%s; restarting in the background", self.name,
-                reason, command, exc_info=None if expected or repeated else exc)
+                "mcp server %s %s: %s; restarting in the background", self.name,
+                "went down" if self._connected else "is down", failure.logged,
+                exc_info=None if failure.expected or repeated else exc)
 
     async def _supervise(self) -> None:
         with anyio.CancelScope() as self._scope:
@@ -218,15 +196,20 @@ class McpConnection:
     async def _reconnect_forever(self) -> None:
         delay = self.timings.retry_min_s
         while not self._closing:
-            reason = "it closed the connection"
+            reason = "connection lost"
             self._connected = False
             try:
                 await self._session()
             except Exception as exc:  # any failure of the server: restart, never crash
-                reason = describe_failure(exc)
                 if self._closing:
                     return  # a cancellation the transport turned into an error
-                self._log_down(reason, exc)
+                failure = describe_failure(exc, self.config)
+                reason = failure.problem
+                self._log_down(failure, exc)
+            else:  # it was up, and the connection was lost (a crash, an abrupt end)
+                if self._closing:
+                    return
+                self._log_down(Failure(reason, reason), None)
             if self._connected:
                 delay = self.timings.retry_min_s  # it worked: start the backoff over
             self._client = None
@@ -246,6 +229,7 @@ class McpConnection:
                 client = Client(streamable_http_client(self.config.url, http_client=http),
                                 message_handler=self._on_message, client_info=info)
             else:
+                check_cwd(self.config)
                 command = self.config.command or []
                 params = StdioServerParameters(
                     command=command[0], args=command[1:], env=self.config.env,
@@ -254,22 +238,39 @@ class McpConnection:
             yield await stack.enter_async_context(client)
 
     async def _session(self) -> None:
+        """One connection, from connecting to its loss. The connect timeout is the
+        deadline of an anyio scope around the whole session, lifted once connected: an
+        anyio cancel respects the SDK's shielded shutdown, where the native cancel of an
+        `asyncio.timeout` cut it short (a close() within 2 s of the timeout left the
+        server running), and the scope must enclose the Client's own scopes."""
         self._lost = False
         self._wake.clear()
-        async with contextlib.AsyncExitStack() as stack:
-            async with asyncio.timeout(self.timings.connect_timeout_s):
-                client = await stack.enter_async_context(self._connect())
-                await self._list_tools(client)
-            self._client, self.problem, self.ever_up = client, None, True
-            self._connected, self._last_failure = True, None
-            self._attempted.set()
-            self._notify()
-            log.info("mcp server %s is up with %d tools", self.name, len(self.tools))
-            async with anyio.create_task_group() as group:
-                if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
-                    group.start_soon(self._listen, client)
-                await self._watch(client)
-                group.cancel_scope.cancel()
+        connecting = anyio.CancelScope(
+            deadline=anyio.current_time() + self.timings.connect_timeout_s)
+        try:
+            with connecting:
+                async with self._connect() as client:
+                    await self._list_tools(client)
+                    connecting.deadline = math.inf
+                    await self._serve(client)
+        except Exception as exc:  # the transport may turn the deadline's cancel into this
+            if connecting.cancel_called and not self._connected:
+                raise TimeoutError from exc
+            raise
+        if connecting.cancelled_caught:
+            raise TimeoutError
+
+    async def _serve(self, client: Client) -> None:
+        self._client, self.problem, self.ever_up = client, None, True
+        self._connected, self._last_failure = True, None
+        self._attempted.set()
+        self._notify()
+        log.info("mcp server %s is up with %d tools", self.name, len(self.tools))
+        async with anyio.create_task_group() as group:
+            if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                group.start_soon(self._listen, client)
+            await self._watch(client)
+            group.cancel_scope.cancel()
 
     async def _watch(self, client: Client) -> None:
         """Relist on change notifications and every poll_s; return when the connection is
@@ -288,7 +289,7 @@ class McpConnection:
                 if self._lost or self._closing:
                     return
             self._wake.clear()
-            async with asyncio.timeout(self.timings.connect_timeout_s):
+            with anyio.fail_after(self.timings.connect_timeout_s):
                 await self._list_tools(client)
             listed_at = anyio.current_time()
 
@@ -315,6 +316,12 @@ class McpConnection:
             cursor = page.next_cursor
             if cursor is None:
                 break
+        unknown = [name for name in unknown_names(self.config, listed)
+                   if name not in self._unknown_warned]
+        if unknown:
+            self._unknown_warned.update(unknown)
+            log.warning("mcp server %s lists no tool named %s; check the spelling in its "
+                        "config", self.name, ", ".join(unknown))
         tools = convert_listing(self.config, listed)
         if tools != self.tools:
             self.tools = tools

@@ -6,12 +6,16 @@ what the model sees, and the same model validates the model's arguments, so
 the schema and the check can never disagree. The docstring is the
 description; parameter descriptions come from
 `Annotated[str, Field(description=...)]`. A parameter annotated
-`ToolContext` is left out of the schema and injected at call time.
+`ToolContext` (or `ToolContext | None`) is left out of the schema and injected
+at call time. Parameter names pydantic would not make fields of (`_x`,
+`model_config`) are refused at load time: the tool would take no arguments.
 """
 
 import importlib
 import inspect
+import types
 import typing
+import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +80,36 @@ def import_callable(import_string: str) -> object:
     return target
 
 
+def _is_context(hint: Any) -> bool:
+    """`ToolContext`, optional or not, annotated or not."""
+    if typing.get_origin(hint) is typing.Annotated:
+        hint = typing.get_args(hint)[0]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return [arg for arg in typing.get_args(hint) if arg is not type(None)] == [ToolContext]
+    return hint is ToolContext
+
+
+def _unusable_name(name: str) -> str | None:
+    """Why pydantic would not make a parameter of this name a field, if it would not."""
+    if name.startswith("_"):
+        return "pydantic ignores names that start with an underscore"
+    if name.startswith("model_") and hasattr(BaseModel, name):
+        return "pydantic reserves it for its models"
+    return None
+
+
+def _arguments_model(tool_name: str, fields: dict[str, Any]) -> type[BaseModel]:
+    with warnings.catch_warnings():  # `json`, `copy`... shadow BaseModel methods; harmless
+        warnings.filterwarnings("ignore", "Field name .* shadows an attribute", UserWarning)
+        model = create_model(
+            f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+    for field in fields:
+        if field not in model.model_fields:  # any name pydantic dropped silently
+            raise ToolLoadError(f"parameter {field!r} cannot be used: it is not a field of "
+                                "a pydantic model; rename it")
+    return model
+
+
 def tool_from_function(func: object, name: str | None = None) -> PythonTool:
     """Build a tool from an async function, or raise ToolLoadError saying why not."""
     if not callable(func):
@@ -99,16 +133,20 @@ def tool_from_function(func: object, name: str | None = None) -> PythonTool:
         hint = hints.get(param.name, PydanticUndefined)
         if hint is PydanticUndefined:
             raise ToolLoadError(f"parameter {param.name} has no type hint")
-        if hint is ToolContext:
+        if _is_context(hint):
             context_param = param.name
             continue
+        unusable = _unusable_name(param.name)
+        if unusable is not None:
+            raise ToolLoadError(f"parameter {param.name!r} cannot be used: {unusable}; "
+                                "rename it")
         default = ... if param.default is param.empty else param.default
         fields[param.name] = (hint, default)
     try:
-        model = create_model(
-            f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
-        )
+        model = _arguments_model(tool_name, fields)
         parameters = model.model_json_schema()
+    except ToolLoadError:
+        raise
     except Exception as exc:  # PydanticSchemaGenerationError, PydanticInvalidForJsonSchema...
         raise ToolLoadError(f"its type hints have no JSON Schema ({type(exc).__name__})") from exc
     parameters.pop("title", None)
