@@ -13,7 +13,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import orjson
 
@@ -40,13 +39,13 @@ from server.backends.base import (
     run_ended_in_log,
 )
 from server.connection import Connection
+from server.log_groups import CheckpointWrite, append_group
 from server.outbound import _Frame
 from server.ports import RunHandler
 
 logger = logging.getLogger("cowrite.session")
 
 COALESCE_MAX_CHARS = 4096
-GROUP_RETRY_S = 3.0
 # Deltas of one message less than HOT_S apart arrive faster than a loop iteration
 # or two: the stream is "hot" and its text is merged while it keeps coming, for up
 # to HOT_SPINS loop iterations. A delta after a quieter gap is logged at once, so a
@@ -243,18 +242,20 @@ class DocumentSession:
             await self._flush_locked()
             return await self.backend.append(self.document_id, event.to_wire())
 
-    async def publish_many(self, events: Sequence[DurableServerEvent]) -> None:
+    async def publish_many(self, events: Sequence[DurableServerEvent],
+                           checkpoint: CheckpointWrite | None = None) -> None:
         """Log `events` as one group, in order (after any delta held back for merging).
 
         Either the whole group is logged or, if the first event could not be, none
         of it: every event is encoded before the first is appended, so content the
         log cannot hold is refused up front (`UnloggableEvent`). A backend outage
-        in the middle of a group is retried for a while before giving up.
+        in the middle of a group is retried for a while before giving up. A group
+        with its decision's `checkpoint` is written with it in one step (log_groups).
 
         An in-process log appends as plain calls that never wait nor fail midway: each
         event is encoded once, up front, and logged without a coroutine per append."""
         append_encoded = self._append_encoded
-        if append_encoded is not None:
+        if append_encoded is not None and checkpoint is None:
             encoded = [_encoded(event) for event in events]
             if self._pending is not None or self._publish_lock.locked():
                 async with self._publish_lock:
@@ -272,33 +273,12 @@ class DocumentSession:
             raise UnloggableEvent(str(exc)) from exc
         async with self._publish_lock:
             await self._flush_locked()
-            await self._append_all(wires)
+            await append_group(self.backend, self.document_id, wires, checkpoint)
 
     def _append_now(self, append_encoded: Callable[[str, str, bytes], LoggedEvent],
                     encoded: list[tuple[str, bytes]]) -> None:
         for kind, body in encoded:
             append_encoded(self.document_id, kind, body)
-
-    async def _append_all(self, wires: list[dict[str, Any]]) -> None:
-        for index, wire in enumerate(wires):
-            try:
-                await self._append_retrying(wire, retry=index > 0)
-            except (TypeError, ValueError) as exc:
-                raise UnloggableEvent(str(exc)) from exc
-
-    async def _append_retrying(self, wire: dict[str, Any], retry: bool) -> None:
-        deadline = time.monotonic() + GROUP_RETRY_S
-        while True:
-            try:
-                await self.backend.append(self.document_id, wire)
-                return
-            except BackendUnavailable:
-                if not retry or time.monotonic() > deadline:
-                    if retry:
-                        logger.error("the rest of an event group could not be logged",
-                                     extra={"document_id": self.document_id})
-                    raise
-                await asyncio.sleep(0.05)
 
     async def publish_delta(self, run_id: str, message_id: str, delta: str) -> None:
         """The hot path: no model object per delta. A delta is logged at once when

@@ -5,7 +5,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from server.backends.base import Backend, BackendUnavailable, LoggedEvent, RunParts
+from server.backends.base import (
+    Backend,
+    BackendUnavailable,
+    LoggedEvent,
+    RunParts,
+    UnloggableEvent,
+)
 from server.backends.memory import MemoryBackend
 from server.backends.redis import RedisBackend
 from tests.redis_support import redis_process
@@ -144,6 +150,42 @@ async def test_checkpoint_parts_go_with_the_owners_record_only(backend: Backend)
     assert await backend.run_parts("doc-p") == ["d"]
     await backend.release_run("doc-p", "r1", "instance-1")
     assert await backend.run_parts("doc-p") == []
+
+
+async def test_a_checkpoint_and_its_events_are_written_together_or_not_at_all(
+        backend: Backend) -> None:
+    """A decision's checkpoint and the events announcing it, in one step: an owner
+    killed between two separate writes left a checkpoint whose events never came."""
+    record = {"run_id": "r1", "status": "running", "owner": "instance-1"}
+    assert await backend.claim_run("doc-w", record, 10) is None
+    seen: list[LoggedEvent] = []
+    await backend.subscribe("doc-w", seen.append)
+    events = [{"type": "tool.done", "run_id": "r1", "call_id": "c1"},
+              {"type": "tool.call", "run_id": "r1", "call_id": "c2"}]
+    waiting = {**record, "status": "waiting_tool"}
+    assert await backend.renew_and_append("doc-w", waiting, 10, RunParts(("a",), reset=True),
+                                          events)
+    assert (await backend.active_run("doc-w") or {}).get("status") == "waiting_tool"
+    assert await backend.run_parts("doc-w") == ["a"]
+    logged = await backend.read_after("doc-w", (await backend.head("doc-w")).epoch, 0)
+    assert isinstance(logged, list) and [(e.seq, e.type) for e in logged] == [
+        (1, "tool.done"), (2, "tool.call")]
+    for _ in range(100):  # and fanned out, as appends are
+        if len(seen) >= 2:
+            break
+        await asyncio.sleep(0.01)
+    assert [e.seq for e in seen][:2] == [1, 2]
+    # Not the active run (another took the document, or its lease went elsewhere):
+    # neither the record, nor the parts, nor any event.
+    refused = await backend.renew_and_append("doc-w", {**record, "run_id": "r2"}, 10,
+                                             RunParts(("x",)), events)
+    assert not refused
+    with pytest.raises(UnloggableEvent):  # content the log cannot hold: nothing either
+        await backend.renew_and_append("doc-w", record, 10, RunParts(("y",)),
+                                       [{"type": "tool.call", "n": 2**70}])
+    assert (await backend.head("doc-w")).last_seq == 2
+    assert await backend.run_parts("doc-w") == ["a"]
+    assert (await backend.active_run("doc-w") or {}).get("status") == "waiting_tool"
 
 
 async def test_only_the_lease_holder_frees_the_document(backend: Backend) -> None:

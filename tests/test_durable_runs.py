@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from bench.common import server_process
 from tests.cluster_support import (
     FAST_LEASE,
     cluster,
@@ -21,7 +22,8 @@ from tests.cluster_support import (
     start_run,
 )
 from tests.fake_openai import Reply, running_fake_openai
-from tests.harness import Client, running_server
+from tests.harness import SECRET, Client, running_server
+from tests.kill_proxy import KillProxy
 from tests.redis_support import redis_process
 from tests.runs import answer, call, of_run, script
 from tests.tool_support import file_says
@@ -259,3 +261,38 @@ async def test_an_answer_leaves_the_owners_inbox_only_once_applied(
                 break
             await asyncio.sleep(0.05)
         assert unread == [envelope]
+
+
+@pytest.mark.parametrize("written", [False, True])
+async def test_an_owner_killed_as_it_announces_a_call_leaves_a_run_that_goes_on(
+        written: bool) -> None:
+    """The owner killed as it writes the decision that announces a `tool.call`: its
+    checkpoint used to be written in one step and the events in another, so a crash
+    in between left a survivor a run waiting on a call nobody was told of (it timed
+    out). Now both or neither are written: the survivor asks for the call (again, when
+    neither was: the model's turn is made again), and the run completes."""
+    env = {**FAST_LEASE, "COWRITE_TOOL_TIMEOUT_S": "30"}
+    steps = script({"say": "let me look", "tool_calls": [call("read_document")]},
+                   {"say": "thanks"}, delay_ms=200)
+    async with redis_process() as redis, \
+            KillProxy(redis.port, b'"type":"tool.call"', after=written) as proxy, \
+            instance(redis, env) as survivor, \
+            server_process("cowrite", COWRITE_REDIS_URL=proxy.url, COWRITE_JWT_SECRET=SECRET,
+                           **env) as owner:
+        async with join(owner) as (first, mine):
+            await start_run(first, steps, "k-1")
+            seen = last_seq(first, mine)
+        # Her tab moved to the survivor (a reconnect through the load balancer) before
+        # the owner dies: she stays connected throughout.
+        resume = {"epoch": mine["epoch"], "after_seq": seen}
+        async with join(survivor, resume=resume) as (alice, _):
+            proxy.pid = owner.process.pid
+            await asyncio.wait_for(proxy.fired.wait(), TAKEOVER_S)
+            await owner.process.wait()
+            tool_call = await alice.recv_until("tool.call", timeout=TAKEOVER_S)
+            await answer(alice, tool_call, {"text": "the document"})
+            finished = await alice.recv_until(ended("k-1"), timeout=TAKEOVER_S)
+            assert finished["status"] == "completed", finished
+            assert len(of_run(alice.events, "k-1", "tool.call")) == 1
+            assert of_run(alice.events, "k-1", "run.resumed")
+            contiguous(alice, seen)

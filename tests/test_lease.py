@@ -20,6 +20,7 @@ from server.agent.run_state import PendingCall, RunState
 from server.agent.tools import ToolBox
 from server.backends.base import RunMovedOn
 from server.backends.redis import RedisBackend
+from server.log_groups import CheckpointWrite
 from server.observability import Metrics
 from server.ports import EventLog
 from tests.redis_support import redis_process
@@ -88,7 +89,8 @@ class Recorded:
     def __init__(self) -> None:
         self.deltas: list[str] = []
 
-    async def publish_many(self, events: Sequence[DurableServerEvent]) -> None:
+    async def publish_many(self, events: Sequence[DurableServerEvent],
+                           checkpoint: CheckpointWrite | None = None) -> None:
         raise AssertionError("not used here")
 
     async def publish_delta(self, run_id: str, message_id: str, delta: str) -> None:
@@ -117,7 +119,9 @@ class Logged:
     def __init__(self) -> None:
         self.events: list[DurableServerEvent] = []
 
-    async def publish_many(self, events: Sequence[DurableServerEvent]) -> None:
+    async def publish_many(self, events: Sequence[DurableServerEvent],
+                           checkpoint: CheckpointWrite | None = None) -> None:
+        assert checkpoint is None, "a failed driver's last resort writes no checkpoint"
         self.events.extend(events)
 
     async def publish_delta(self, run_id: str, message_id: str, delta: str) -> None:

@@ -25,9 +25,9 @@ from protocol.codes import ErrorCode
 from protocol.server import Error
 from server import tracing
 from server.agent import history
+from server.agent.commit import CommitMixin
 from server.agent.environment import RunEnvironment
 from server.agent.lease import FencedLog, RunLease
-from server.agent.publishing import PublishFailed, publish_retrying, try_publish
 from server.agent.run_state import RunState
 from server.agent.steps import (
     ArmTimer,
@@ -65,7 +65,7 @@ logger = logging.getLogger("cowrite.agent")
 _Work = Coroutine[Any, Any, None]  # an effect's I/O, awaited by the driver
 
 
-class RunDriver:
+class RunDriver(CommitMixin):
     def __init__(self, state: RunState, env: RunEnvironment, log: EventLog, toolbox: ToolBox,
                  on_finished: Callable[["RunDriver"], None]) -> None:
         self.state = state
@@ -91,14 +91,6 @@ class RunDriver:
         self._started: asyncio.Future[bool] | None = None
         self.done = asyncio.Event()
         self.last_live_state: RunState | None = None  # the state when the lease went
-
-    @property
-    def run_id(self) -> str:
-        return self.state.run_id
-
-    @property
-    def log_extra(self) -> dict[str, Any]:
-        return {"run_id": self.state.run_id, "document_id": self.state.document_id}
 
     # -- lifetime -------------------------------------------------------------------
     async def start(self, peer: Peer | None, reply_to: str | None,
@@ -241,38 +233,14 @@ class RunDriver:
                 fence = True  # the checkpoint is written below, where the lease is checked
                 before = tuple(effect for effect in before if type(effect) is not Checkpoint)
             await self._run_effects(before, peer, decision.state)
-        if fence and not await self.lease.announce(decision.state):
-            # Another instance took the run over while this one stalled: the decision is not
-            # this instance's to commit (its events would tell clients what the new owner
-            # never learns). The run stops; the input goes to the new owner (`submit`: False).
-            await self._apply(LeaseLost(), None)
-            return False
         if slot >= 0:
             publish = effects[slot]
             assert isinstance(publish, Publish)
-            if decision.refusable:
-                problem = await try_publish(self.log, publish.events, self.log_extra)
-                if problem is not None:
-                    self.lease.announcing = None
-                    if peer is not None:
-                        peer.reply(Error(code=problem[0], message=problem[1],
-                                         reply_to=decision.reply_to, run_id=self.run_id,
-                                         retry_after_ms=1000 if problem[0] == ErrorCode.UNAVAILABLE
-                                         else None))
-                    return False
-            else:
-                try:
-                    await publish_retrying(self.log, publish.events,
-                                           self.env.settings.run_lease_s / 2, self.log_extra)
-                except PublishFailed as failed:
-                    self.lease.announcing = None
-                    if not decision.state.finished:
-                        return await self._apply(Crashed(failed.ref), None)
-                    logger.error("the run's end could not be logged (%s)", failed.why,
-                                 extra=self.log_extra)
-                    self._released = isinstance(failed.cause, BackendUnavailable)
-                    self.state = decision.state
-                    return True  # with Redis the lease lapses and a survivor announces it
+            done = await (self._commit(publish, decision, peer,
+                                       self.lease.decision_write(decision.state))
+                          if fence else self._publish(publish, decision, peer, None))
+            if done is not None:
+                return done
         self.state, self.lease.announcing = decision.state, None
         await self._run_effects(effects[slot + 1:], peer, decision.state)
         return True

@@ -11,12 +11,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from protocol.server import DurableServerEvent
 from server.agent.checkpoint_parts import Written, split_checkpoint
 from server.agent.environment import RunEnvironment
 from server.agent.run_state import RunState
 from server.backends.base import BackendUnavailable, RunMovedOn, RunParts, cancel_requested
+from server.log_groups import CheckpointWrite
 from server.ports import EventLog
 
 logger = logging.getLogger("cowrite.agent")
@@ -35,6 +37,10 @@ class RunLease:
         # clears it): what a renewal in between shares, not the older committed state,
         # which would undo the checkpoint.
         self.announcing: RunState | None = None
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        return self._lock
 
     @property
     def shared(self) -> bool:
@@ -87,6 +93,12 @@ class RunLease:
             return True
         self.announcing = None
         return False
+
+    def decision_write(self, state: RunState) -> "DecisionWrite":
+        """`state`'s checkpoint, to be written with the events of its decision in one
+        step (`publish_many`, under `self.lock`); what `announce` did in two."""
+        self.announcing = state
+        return DecisionWrite(self, state)
 
     async def _write(self, state: RunState) -> bool:
         record = state.to_record(self.env.instance_id)
@@ -166,6 +178,35 @@ class RunLease:
                 await asyncio.sleep(RELEASE_RETRY_S)
 
 
+class DecisionWrite:
+    """A `CheckpointWrite` (server/log_groups.py): the record and the parts added since
+    the last write, computed for each attempt; the lease's bookkeeping follows what
+    was written, as in `RunLease._write`."""
+
+    def __init__(self, lease: RunLease, state: RunState) -> None:
+        self._lease, self._state = lease, state
+        self._split: Any = None
+
+    def begin(self) -> tuple[dict[str, Any], float, RunParts | None]:
+        lease, state = self._lease, self._state
+        record = state.to_record(lease.env.instance_id)
+        parts: RunParts | None = None
+        if lease.env.settings.durable_runs:
+            self._split = split_checkpoint(state, lease._written)
+            record["checkpoint"] = self._split.checkpoint
+            parts = RunParts(self._split.entries, self._split.reset)
+        return record, lease.env.settings.run_lease_s, parts
+
+    def end(self, written: bool | None) -> None:
+        lease = self._lease
+        if written is None:
+            lease._written = Written()  # whether the parts were appended is unknown
+        elif written:
+            lease._confirmed = time.monotonic()
+            if self._split is not None:
+                lease._written = self._split.written
+
+
 class FencedLog:
     """The log as a run's model stream writes to it (Redis): before a delta, a lease
     not confirmed for a while (the instance stalled) is confirmed first, so an owner
@@ -175,8 +216,9 @@ class FencedLog:
                  ) -> None:
         self._log, self._lease, self._current = log, lease, current
 
-    async def publish_many(self, events: Sequence[DurableServerEvent]) -> None:
-        await self._log.publish_many(events)
+    async def publish_many(self, events: Sequence[DurableServerEvent],
+                           checkpoint: CheckpointWrite | None = None) -> None:
+        await self._log.publish_many(events, checkpoint)
 
     async def publish_delta(self, run_id: str, message_id: str, delta: str) -> None:
         if self._lease.stale and not await self._lease.checkpoint(self._current()):

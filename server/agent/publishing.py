@@ -16,6 +16,7 @@ from typing import Any
 from protocol.codes import ErrorCode
 from server.agent.work import new_ref
 from server.backends.base import BackendUnavailable, UnloggableEvent
+from server.log_groups import CheckpointWrite, LeaseNotHeld
 from server.ports import EventLog
 
 logger = logging.getLogger("cowrite.agent")
@@ -30,16 +31,20 @@ class PublishFailed(Exception):
         self.ref, self.why, self.cause = ref, why, cause
 
 
-async def try_publish(log: EventLog, events: tuple[Any, ...], extra: Mapping[str, Any]
+async def try_publish(log: EventLog, events: tuple[Any, ...], extra: Mapping[str, Any],
+                      checkpoint: CheckpointWrite | None = None
                       ) -> tuple[ErrorCode, str] | None:
-    """Log `events` once; None, or the error to answer the sender with."""
+    """Log `events` once; None, or the error to answer the sender with. `LeaseNotHeld`
+    (the checkpoint's) is raised: the run is not this instance's any more."""
     try:
-        await log.publish_many(events)
+        await log.publish_many(events, checkpoint)
     except BackendUnavailable:
         return ErrorCode.UNAVAILABLE, "the shared backend is unavailable; retry shortly"
     except UnloggableEvent:
         return ErrorCode.INVALID_MESSAGE, "the message's content cannot be logged " \
                                           "(nested too deeply?)"
+    except LeaseNotHeld:
+        raise
     except Exception:
         ref = new_ref()
         logger.exception("publishing failed (ref %s)", ref, extra=extra)
@@ -48,13 +53,15 @@ async def try_publish(log: EventLog, events: tuple[Any, ...], extra: Mapping[str
 
 
 async def publish_retrying(log: EventLog, events: tuple[Any, ...], retry_s: float,
-                           extra: Mapping[str, Any]) -> None:
-    """Log a committed decision's events, retrying a backend outage for `retry_s`."""
+                           extra: Mapping[str, Any], checkpoint: CheckpointWrite | None = None
+                           ) -> None:
+    """Log a committed decision's events (with its checkpoint), retrying a backend
+    outage for `retry_s`."""
     deadline = time.monotonic() + retry_s
     delay = 0.05
     while True:
         try:
-            await log.publish_many(events)
+            await log.publish_many(events, checkpoint)
             return
         except UnloggableEvent as exc:
             ref = new_ref()

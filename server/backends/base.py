@@ -8,7 +8,7 @@ document, in seq order.
 """
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol
 
@@ -140,6 +140,14 @@ class RunRegistry(Protocol):
         """Refresh the lease and snapshot of the owner's run (`record["owner"]`), and append
         `parts` to its checkpoint parts list in the same atomic step; False (nothing
         written) if it is not active or another instance holds its lease now."""
+        ...
+
+    async def renew_and_append(self, document_id: str, record: dict[str, Any], lease_s: float,
+                               parts: RunParts | None, events: Sequence[dict[str, Any]]
+                               ) -> bool:
+        """`renew_run`, then `append` of each of `events` (the decision that checkpoint
+        announces), as one atomic step; False (nothing written) as for `renew_run`.
+        Raises `UnloggableEvent` (nothing written) for content the log cannot hold."""
         ...
 
     async def run_parts(self, document_id: str) -> list[str]:

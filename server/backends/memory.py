@@ -29,7 +29,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict, defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import islice
 from operator import itemgetter
 from typing import Any
@@ -338,6 +338,16 @@ class MemoryBackend(MemoryInstances):
         if parts is not None:
             kept = [] if parts.reset else self._run_parts.get(document_id, [])
             self._run_parts[document_id] = [*kept, *parts.entries]
+        return True
+
+    async def renew_and_append(self, document_id: str, record: dict[str, Any], lease_s: float,
+                               parts: RunParts | None, events: Sequence[dict[str, Any]]
+                               ) -> bool:
+        encoded = [(str(event["type"]), encode_event_body(event)) for event in events]
+        if not await self.renew_run(document_id, record, lease_s, parts):
+            return False
+        for kind, body in encoded:  # no await since the renewal: one step
+            self.append_encoded(document_id, kind, body)
         return True
 
     async def run_parts(self, document_id: str) -> list[str]:

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import uuid
 from collections import defaultdict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
 import orjson
@@ -56,6 +56,7 @@ from server.backends.redis_scripts import (
     PRESENT_LUA,
     PUT_RUN_RECORD_LUA,
     RELEASE_RUN_LUA,
+    RENEW_AND_APPEND_LUA,
     RENEW_RUN_LUA,
     RUN_SLOT_LUA,
 )
@@ -99,6 +100,7 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
         self._connection = self._redis.register_script(CONNECTION_LUA)
         self._claim_run = self._redis.register_script(CLAIM_RUN_LUA)
         self._renew_run = self._redis.register_script(RENEW_RUN_LUA)
+        self._renew_and_append = self._redis.register_script(RENEW_AND_APPEND_LUA)
         self._release_run = self._redis.register_script(RELEASE_RUN_LUA)
         self._hand_off_run = self._redis.register_script(HAND_OFF_RUN_LUA)
         self._expired_runs = self._redis.register_script(EXPIRED_RUNS_LUA)
@@ -272,6 +274,28 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
         renewed = await self._call(self._renew_run(
             keys=_run_keys(document_id), args=[*args, *(parts.entries if parts else ())]))
         return bool(renewed)
+
+    async def renew_and_append(self, document_id: str, record: dict[str, Any], lease_s: float,
+                               parts: RunParts | None, events: Sequence[dict[str, Any]]
+                               ) -> bool:
+        bodies: list[str] = []
+        for event in events:  # every event encoded before anything is written
+            bodies += [encode_event_body(event).decode(), str(event["type"])]
+        entries = parts.entries if parts else ()
+        now = self._clock.now_ms()
+        result = await self._call(self._renew_and_append(
+            keys=[*_run_keys(document_id), *_keys(document_id)],
+            args=[orjson.dumps(record).decode(), now + int(lease_s * 1000), document_id,
+                  record["run_id"], record["owner"], "1" if parts and parts.reset else "0",
+                  len(entries), *entries, uuid.uuid4().hex, now, self._log_max_events,
+                  channel_of(document_id), *bodies]))
+        if not result:
+            return False
+        epoch = result[0]
+        for index, event in enumerate(events):
+            self._deliver(document_id, epoch, LoggedEvent(
+                int(result[1 + 2 * index]), str(event["type"]), result[2 + 2 * index]))
+        return True
 
     async def run_parts(self, document_id: str) -> list[str]:
         raw = await self._call(self._redis.lrange(_run_keys(document_id)[3], 0, -1))

@@ -67,6 +67,41 @@ for i = 7, #ARGV, 1000 do
 end
 return 1
 """
+# A decision's checkpoint (RENEW_RUN_LUA's write, its parts counted by ARGV[7]) and
+# the events that announce it (APPEND_LUA's, for each (body, type) pair after the
+# four common arguments at ARGV[8 + n]) in one step: an owner killed between the two
+# used to leave a checkpoint whose events were never logged (a `tool.call` nobody
+# saw, so the call timed out after a takeover). 0 when the lease is not held.
+RENEW_AND_APPEND_LUA = """
+local active = redis.call('GET', KEYS[1])
+if not active or cjson.decode(active)['run_id'] ~= ARGV[4] then return 0 end
+if redis.call('GET', KEYS[3]) ~= ARGV[5] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+if ARGV[6] == '1' then redis.call('DEL', KEYS[4]) end
+local last_part = 7 + tonumber(ARGV[7])
+for i = 8, last_part, 1000 do
+  redis.call('RPUSH', KEYS[4], unpack(ARGV, i, math.min(i + 999, last_part)))
+end
+local base = last_part + 1
+local epoch = redis.call('HGET', KEYS[5], 'epoch')
+if not epoch then
+  epoch = ARGV[base]
+  redis.call('DEL', KEYS[6])
+  redis.call('HSET', KEYS[5], 'epoch', epoch, 'last_seq', 0)
+end
+local out = {epoch}
+for i = base + 4, #ARGV, 2 do
+  local seq = redis.call('HINCRBY', KEYS[5], 'last_seq', 1)
+  local frame = ARGV[i] .. ',"seq":' .. seq .. ',"ts":' .. ARGV[base + 1] .. '}'
+  redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[base + 2], seq .. '-1', 't', ARGV[i + 1],
+             'f', frame)
+  redis.call('PUBLISH', ARGV[base + 3], epoch .. ' ' .. seq .. ' ' .. ARGV[i + 1] .. ' ' .. frame)
+  table.insert(out, seq)
+  table.insert(out, frame)
+end
+return out
+"""
 HAND_OFF_RUN_LUA = """
 local active = redis.call('GET', KEYS[1])
 if not active or cjson.decode(active)['run_id'] ~= ARGV[3] then return 0 end

@@ -1,0 +1,75 @@
+"""Appending a group of a run's events to a document's log (`DocumentSession.publish_many`).
+
+A group is logged in order; after its first event, an outage is retried for a
+while, so a group is not left half logged by a blip. A group that carries its
+decision's checkpoint (`CheckpointWrite`, Redis) is written with it in one
+atomic step: an owner killed between writing the checkpoint and logging the
+events used to leave a survivor a run whose announcements were never logged.
+Kept apart from session.py, which holds the fan-out and the delta merging.
+"""
+
+import asyncio
+import logging
+import time
+from typing import Any, Protocol
+
+from server.backends.base import Backend, BackendUnavailable, RunParts, UnloggableEvent
+
+logger = logging.getLogger("cowrite.session")
+GROUP_RETRY_S = 3.0
+
+
+class LeaseNotHeld(Exception):
+    """The checkpoint of a group was refused (another instance holds the run's lease,
+    or Redis lost the run): none of the group was logged."""
+
+
+class CheckpointWrite(Protocol):
+    """A decision's checkpoint as the run's lease prepares it (`RunLease.decision_write`)."""
+
+    def begin(self) -> tuple[dict[str, Any], float, RunParts | None]:
+        """The record, the lease, the parts to append; called for each attempt."""
+        ...
+
+    def end(self, written: bool | None) -> None:
+        """Written, refused (False), or unknown (None: the backend failed midway)."""
+        ...
+
+
+async def append_group(backend: Backend, document_id: str, wires: list[dict[str, Any]],
+                       checkpoint: CheckpointWrite | None = None) -> None:
+    if checkpoint is not None:
+        record, lease_s, parts = checkpoint.begin()
+        try:
+            written = await backend.renew_and_append(document_id, record, lease_s, parts, wires)
+        except BackendUnavailable:
+            checkpoint.end(None)
+            raise
+        except (TypeError, ValueError) as exc:  # the record's encoder refused it
+            checkpoint.end(False)
+            raise UnloggableEvent(str(exc)) from exc
+        checkpoint.end(written)
+        if not written:
+            raise LeaseNotHeld(document_id)
+        return
+    for index, wire in enumerate(wires):
+        try:
+            await _append_retrying(backend, document_id, wire, retry=index > 0)
+        except (TypeError, ValueError) as exc:
+            raise UnloggableEvent(str(exc)) from exc
+
+
+async def _append_retrying(backend: Backend, document_id: str, wire: dict[str, Any],
+                           retry: bool) -> None:
+    deadline = time.monotonic() + GROUP_RETRY_S
+    while True:
+        try:
+            await backend.append(document_id, wire)
+            return
+        except BackendUnavailable:
+            if not retry or time.monotonic() > deadline:
+                if retry:
+                    logger.error("the rest of an event group could not be logged",
+                                 extra={"document_id": document_id})
+                raise
+            await asyncio.sleep(0.05)
