@@ -24,6 +24,7 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 SERVER_CORE, CLIENT_CORE = 0, 1
 START_POLLS = 1200  # 50 ms apart
+START_ATTEMPTS = 3  # a server that exits before it is ready gets a new port, twice
 
 
 def pin(pid: int, core: int) -> bool:
@@ -84,19 +85,28 @@ async def server_process(kind: str, **env: str) -> AsyncIterator[Proc]:
     (bench.sse_server), "upstream" (bench.upstream), "phases" (the server with
     bench.phases' timestamps; it needs `PHASES_OUT` in `env`) or "skewed" (cowrite
     with its wall clock `SKEW_S` seconds off, tests/skewed_server.py)."""
-    port = free_port()
-    environment = server_env(port, **env)
     module = {"cowrite": "server", "bare": "bench.bare_server", "sse": "bench.sse_server",
               "upstream": "bench.upstream", "phases": "bench.phases",
               "skewed": "tests.skewed_server"}[kind]
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", module, env=environment,
-        stdout=subprocess.DEVNULL,
-        stderr=None if os.environ.get("BENCH_SERVER_LOGS") else subprocess.DEVNULL)
-    pin(process.pid, SERVER_CORE)
-    proc = Proc(process, port)
+    for attempt in range(START_ATTEMPTS):
+        port = free_port()
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", module, env=server_env(port, **env),
+            stdout=subprocess.DEVNULL,
+            stderr=None if os.environ.get("BENCH_SERVER_LOGS") else subprocess.DEVNULL)
+        pin(process.pid, SERVER_CORE)
+        proc = Proc(process, port)
+        try:
+            await wait_ready(proc, kind)
+            break
+        except ServerExited:  # the free port was taken before it bound (others' tests)
+            if attempt == START_ATTEMPTS - 1:
+                raise
+        except BaseException:
+            process.kill()
+            await process.wait()
+            raise
     try:
-        await wait_ready(proc, kind)
         yield proc
     finally:
         if process.returncode is None:
@@ -108,11 +118,20 @@ async def server_process(kind: str, **env: str) -> AsyncIterator[Proc]:
             await process.wait()
 
 
+class ServerExited(RuntimeError):
+    """The server process ended before it answered (it could not bind its port, say)."""
+
+
 async def wait_ready(server: Served, kind: str = "cowrite") -> None:
     """Until `GET /healthz` answers 200: up to a minute, since on a loaded shared
-    machine the imports alone took 15 s."""
+    machine the imports alone took 15 s; at once when the process has ended (it
+    used to be waited for a whole minute, then "did not start")."""
+    process: asyncio.subprocess.Process | None = getattr(server, "process", None)
     async with httpx.AsyncClient() as http:
         for _ in range(START_POLLS):
+            if process is not None and process.returncode is not None:
+                raise ServerExited(f"{kind} server exited with {process.returncode} "
+                                   "before it was ready")
             with contextlib.suppress(httpx.HTTPError):
                 if (await http.get(server.url("/healthz", "http"))).status_code == 200:
                     return
