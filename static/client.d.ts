@@ -178,8 +178,15 @@ export type StateDetail =
       resumeFailed?: "epoch_changed" | "history_truncated";
     }
   | {
+      /**
+       * Sent once per retry, when it is scheduled (the attempt itself sends no state
+       * event), and once by `connect()` after `closed` (then without the fields below).
+       */
       state: "reconnecting";
-      /** Close code that caused the reconnect (absent when `connect()` was called again). */
+      /**
+       * Close code that caused the reconnect: 1006 also for a socket that failed before
+       * it opened, a `getToken` that threw, and a connection the heartbeat found silent.
+       */
       code?: number;
       reason?: string;
       /** Milliseconds until the next attempt. */
@@ -187,6 +194,7 @@ export type StateDetail =
       action?: "retry" | "reauth";
     }
   | {
+      /** Sent once: a second `close()` sends no second event. */
       state: "closed";
       code?: number;
       reason?: string;
@@ -205,7 +213,9 @@ export type ToolInvocation = Omit<ToolCallEvent, "ts"> & { ts?: number };
 /**
  * Runs one client tool call. Its return value (undefined becomes null) is sent
  * as `tool.result.output`; a throw is sent as `tool.result.error` with the
- * error's `message` and `code`.
+ * error's `message` and `code` (its `name` when `code` is not a string, as a
+ * DOMException's is not). An output JSON cannot encode (a cycle, a BigInt, a
+ * function) is sent as the error `{code: "invalid_output"}`.
  */
 export type ToolHandler<Args = Record<string, unknown>> = (
   args: Args,
@@ -216,8 +226,14 @@ export type ToolHandler<Args = Record<string, unknown>> = (
 export interface ToolExecutedDetail {
   call: ToolInvocation;
   result: ToolResultMessage;
-  /** How long the handler took. */
+  /** How long the handler took (by the `now` option's clock). */
   ms: number;
+  /**
+   * True when the call had ended before the handler returned (its `tool.done` came,
+   * e.g. a timeout or a cancel, or a failed resume forgot it): the result was
+   * neither sent nor kept, as the server would refuse it.
+   */
+  ended: boolean;
 }
 
 /** The DOM events a CowriteClient dispatches, by name. */
@@ -242,7 +258,21 @@ export interface CowriteClientOptions {
   backoff?: BackoffOptions;
   /** Refused upgrades in a row before giving up (default 3; 0 retries forever). */
   refusedLimit?: number;
+  /**
+   * Milliseconds between heartbeat `ping`s (default 15000; 0 turns the heartbeat off).
+   * When the last ping got no answer and nothing at all arrived for two intervals
+   * and 5 s, the client drops the socket and reconnects (resuming); pending
+   * requests reject. The heartbeat's `pong`s are not dispatched.
+   */
+  heartbeatMs?: number;
+  /** For tests: the timer of reconnects, result retries and the heartbeat. */
   setTimeout?: (callback: () => void, ms: number) => unknown;
+  /**
+   * Cancels a `setTimeout` handle (default: the global clearTimeout, or nothing when
+   * a custom `setTimeout` is given without it).
+   */
+  clearTimeout?: (handle: any) => void;
+  /** For tests: the clock, in ms, of the heartbeat and `tool.executed`'s `ms` (default performance.now). */
   now?: () => number;
 }
 
@@ -318,9 +348,16 @@ export declare class CowriteClient extends EventTarget {
   registerTool<Args = Record<string, unknown>>(spec: ToolSpec, handler: ToolHandler<Args>): void;
   /** The registered tools, as sent in `run.start`. */
   toolSpecs(): ToolSpec[];
-  /** Open the connection (and keep reconnecting until `close()` or a "stop" close code). */
+  /**
+   * Open the connection (and keep reconnecting until `close()` or a "stop" close code).
+   * Does nothing while the state is `connecting`, `open` or `reconnecting`.
+   */
   connect(): void;
-  /** Close for good: no reconnect. */
+  /**
+   * Close for good: no reconnect. Pending requests reject at once ("connection
+   * closed"), and nothing of the closed connection is dispatched afterwards;
+   * `connect()` may open a new one.
+   */
   close(): void;
 
   /**

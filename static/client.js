@@ -47,6 +47,12 @@
 // whose `code` is "too_large" (a rejected promise, or thrown without `expectReply`);
 // nothing is sent and the connection stays open. A tool result that large is sent
 // as a `too_large` tool error instead.
+//
+// Heartbeat. A network path that dies silently (no FIN: a laptop asleep, a NAT
+// timeout) never closes the socket. Every `heartbeatMs` (default 15 s; 0: off) the
+// client sends a protocol `ping`; when its last ping got no answer and nothing at all
+// arrived for two intervals and 5 s, it drops the socket and reconnects (resuming).
+// The `pong`s of these pings are not dispatched.
 
 /**
  * @typedef {{name: string, description?: string, parameters?: object, requires_approval?: boolean}} ToolSpec
@@ -72,6 +78,9 @@ export { applyChanges, changeOverlaps, diffChange, isStaleCall, shiftRange } fro
 
 /** Edits kept for the stale-call rule while runs are active; the older half goes past this. */
 const MAX_EDITS = 2000;
+
+/** Heartbeat: silence for 2 intervals and this long means the path is dead. */
+const HEARTBEAT_SLACK_MS = 5000;
 
 const encoder = new TextEncoder();
 
@@ -162,6 +171,12 @@ export class SeqTracker {
   }
 }
 
+/** A handler's failure as a tool.result error: `code` must be a string (DOMException's is a number). */
+function toolError(error) {
+  const code = typeof error?.code === "string" ? error.code : error?.name;
+  return { message: String(error?.message ?? error), ...(typeof code === "string" ? { code } : {}) };
+}
+
 function randomId(prefix) {
   const bytes = new Uint8Array(8);
   globalThis.crypto.getRandomValues(bytes);
@@ -172,7 +187,8 @@ export class CowriteClient extends EventTarget {
   /**
    * @param {{baseUrl: string, documentId: string, getToken: () => Promise<string>|string,
    *   clientId?: string, WebSocketImpl?: typeof WebSocket, backoff?: object,
-   *   setTimeout?: typeof setTimeout, now?: () => number, refusedLimit?: number}} options
+   *   setTimeout?: typeof setTimeout, clearTimeout?: typeof clearTimeout, now?: () => number,
+   *   refusedLimit?: number, heartbeatMs?: number}} options
    */
   constructor(options) {
     super();
@@ -183,6 +199,12 @@ export class CowriteClient extends EventTarget {
     this.WebSocketImpl = options.WebSocketImpl ?? globalThis.WebSocket;
     this.backoff = options.backoff ?? {};
     this.setTimer = options.setTimeout ?? ((fn, ms) => setTimeout(fn, ms));
+    // A custom setTimeout's handles mean nothing to the global clearTimeout.
+    this.clearTimer = options.clearTimeout ??
+      (options.setTimeout ? () => {} : (handle) => clearTimeout(handle));
+    /** the clock of the heartbeat and of tool.executed's `ms` */
+    this.now = options.now ?? (() => performance.now());
+    this.heartbeatMs = options.heartbeatMs ?? 15_000;
     this.seq = new SeqTracker();
     /** @type {ConnectionState} */ this.state = "idle";
     /** @type {Welcome|null} */ this.welcome = null;
@@ -198,7 +220,16 @@ export class CowriteClient extends EventTarget {
     /** welcomed at least once: the server accepts this document from here */
     this.welcomed = false;
     this.ws = null;
-    this.stopped = false;
+    /** bumped by connect() and close(): what an older connection left pending does nothing */
+    this.generation = 0;
+    this.retryTimer = undefined;
+    this.beatTimer = undefined;
+    /** when the current socket last received anything (heartbeat) */
+    this.heardAt = 0;
+    /** when the last heartbeat ping was sent (its pong, ts rounded, is not dispatched) */
+    this.pingAt = -Infinity;
+    /** {run, upTo}: welcome.active_run's calls, run once the replay up to `upTo` is in */
+    this.afterReplay = null;
     this.counter = 0;
     /** the latest document version reported with editorChange (or set by the app) */
     this.documentVersion = undefined;
@@ -225,17 +256,25 @@ export class CowriteClient extends EventTarget {
     return [...this.tools.values()].map(({ spec }) => spec);
   }
 
+  /** Open the connection; does nothing while it is open or on its way (connecting, reconnecting). */
   connect() {
-    this.stopped = false;
+    if (this.state !== "idle" && this.state !== "closed") return;
     this.unopened = 0;
-    this.#open(this.state === "idle" ? "connecting" : "reconnecting");
+    const generation = ++this.generation;
+    this.#setState(this.state === "idle" ? "connecting" : "reconnecting");
+    this.#open(generation);
   }
 
-  /** Close for good (no reconnect). */
+  /** Close for good (no reconnect); pending requests reject with "connection closed". */
   close() {
-    this.stopped = true;
-    this.ws?.close(CLOSE.NORMAL);
-    this.#setState("closed");
+    this.generation += 1; // a getToken, socket or timer of the old connection now does nothing
+    this.clearTimer(this.retryTimer);
+    const ws = this.ws;
+    if (ws) {
+      this.#detach();
+      ws.close(CLOSE.NORMAL);
+    }
+    if (this.state !== "closed") this.#setState("closed");
   }
 
   /** Send a message; with `expectReply`, resolve with its ack or reject with its error. */
@@ -377,42 +416,67 @@ export class CowriteClient extends EventTarget {
     this.dispatchEvent(new CustomEvent("state", { detail: { state, ...detail } }));
   }
 
-  async #open(state) {
-    this.#setState(state);
+  async #open(generation) {
     let token;
     try {
       token = await this.getToken();
     } catch (error) {
-      this.#scheduleReconnect({ code: CLOSE.ABNORMAL, reason: String(error) });
+      if (generation === this.generation) {
+        this.#scheduleReconnect({ code: CLOSE.ABNORMAL, reason: String(error) });
+      }
       return;
     }
-    if (this.stopped) return;
+    if (generation !== this.generation) return; // close() (and maybe connect()) came meanwhile
     const url = `${this.baseUrl}/v1/documents/${encodeURIComponent(this.documentId)}/ws`;
     const ws = new this.WebSocketImpl(url, ["cowrite.v1"]);
     this.ws = ws;
     let opened = false;
+    // Every handler first checks that `ws` is still the client's socket: events of a
+    // socket that was closed or replaced are not this connection's.
     ws.onopen = () => {
+      if (this.ws !== ws) return;
       opened = true;
+      this.heardAt = this.now();
+      this.pingAt = -Infinity;
       ws.send(JSON.stringify({ type: "hello", protocol: 1, client_id: this.clientId, token,
                                resume: this.seq.resumePoint() }));
+      if (this.heartbeatMs > 0) this.beatTimer = this.setTimer(() => this.#beat(ws), this.heartbeatMs);
     };
-    ws.onmessage = (message) => this.#receive(JSON.parse(message.data));
-    ws.onclose = (close) => {
+    ws.onmessage = (message) => {
       if (this.ws !== ws) return;
-      this.ws = null;
-      for (const { reject } of this.waiting.values()) reject(new Error("connection closed"));
-      this.waiting.clear();
-      if (this.stopped) return;
-      this.unopened = !opened && close.code === CLOSE.ABNORMAL ? this.unopened + 1 : 0;
-      if (upgradeRefused({ code: close.code, opened, unopened: this.unopened,
-                           welcomed: this.welcomed, limit: this.refusedLimit })) {
-        this.#setState("closed", { code: close.code, refused: true, attempts: this.unopened,
-          reason: "the server refused the WebSocket upgrade (an invalid document id, " +
-                  "a disallowed Origin) or cannot be reached" });
-        return;
-      }
-      this.#scheduleReconnect(close);
+      this.heardAt = this.now();
+      this.#receive(JSON.parse(message.data));
     };
+    // An error before open is a failed connection (Node's WebSocket sends no close for a
+    // refused upgrade); after open, a close follows. The `ws` package throws without a handler.
+    ws.onerror = () => {
+      if (!opened) this.#lost(ws, false, { code: CLOSE.ABNORMAL, reason: "the connection failed" });
+    };
+    ws.onclose = (close) => this.#lost(ws, opened, close);
+  }
+
+  /** The socket is gone: forget it, reject the requests waiting on it. */
+  #detach() {
+    this.ws = null;
+    this.clearTimer(this.beatTimer);
+    this.afterReplay = null;
+    for (const { reject } of this.waiting.values()) reject(new Error("connection closed"));
+    this.waiting.clear();
+  }
+
+  /** `ws` closed (or failed, or went silent): reconnect, or stop, as the close says. */
+  #lost(ws, opened, close) {
+    if (this.ws !== ws) return; // an older socket, or already handled (an error, then its close)
+    this.#detach();
+    this.unopened = !opened && close.code === CLOSE.ABNORMAL ? this.unopened + 1 : 0;
+    if (upgradeRefused({ code: close.code, opened, unopened: this.unopened,
+                         welcomed: this.welcomed, limit: this.refusedLimit })) {
+      this.#setState("closed", { code: close.code, refused: true, attempts: this.unopened,
+        reason: "the server refused the WebSocket upgrade (an invalid document id, " +
+                "a disallowed Origin) or cannot be reached" });
+      return;
+    }
+    this.#scheduleReconnect(close);
   }
 
   #scheduleReconnect(close) {
@@ -423,7 +487,30 @@ export class CowriteClient extends EventTarget {
     }
     const delay = backoffDelay(this.attempt++, this.backoff);
     this.#setState("reconnecting", { code: close.code, reason: close.reason, delay, action });
-    this.setTimer(() => { if (!this.stopped) this.#open("reconnecting"); }, delay);
+    const generation = this.generation;
+    this.retryTimer = this.setTimer(() => {
+      if (generation === this.generation) this.#open(generation);
+    }, delay);
+  }
+
+  /** The heartbeat of `ws`: a ping every interval; silence for too long: reconnect. */
+  #beat(ws) {
+    if (this.ws !== ws) return;
+    const now = this.now();
+    const silent = now - this.heardAt;
+    const limit = 2 * this.heartbeatMs + HEARTBEAT_SLACK_MS;
+    // Dead: nothing since the last ping, nor for `limit`. A late timer alone (a hidden
+    // tab's are throttled to one a minute) is not silence: the last ping's pong came.
+    if (this.pingAt > this.heardAt && silent >= limit) {
+      this.#lost(ws, true, { code: CLOSE.ABNORMAL,
+                             reason: `nothing from the server in ${Math.round(silent)} ms` });
+      ws.close(CLOSE.NORMAL); // its close event, whenever it comes, is ignored
+      return;
+    }
+    this.pingAt = now;
+    ws.send(JSON.stringify({ type: "ping", ts: Math.round(now) })); // not this.send: apps wrap it
+    this.beatTimer = this.setTimer(() => this.#beat(ws),
+                                   Math.max(0, Math.min(this.heartbeatMs, limit - silent)));
   }
 
   #receive(event) {
@@ -435,9 +522,10 @@ export class CowriteClient extends EventTarget {
       if (!event.resumed) this.#forgetLostRuns(event.active_run);
       this.#setState("open", { resumed: event.resumed, resumeFailed: event.resume_failed });
       this.#emit(event);
-      this.#resumeToolCalls(event.active_run);
+      this.#resumeToolCalls(event.active_run, event.resumed ? event.last_seq : 0);
       return;
     }
+    if (event.type === "pong" && event.ts === Math.round(this.pingAt)) return; // the heartbeat's
     if (!this.seq.accept(event)) return; // already seen before a reconnect
     if ((event.type === "ack" || event.type === "error") && event.reply_to) {
       const waiter = this.waiting.get(event.reply_to);
@@ -451,13 +539,16 @@ export class CowriteClient extends EventTarget {
       this.results.delete(event.call_id);
       this.executing.delete(event.call_id); // done: never called again
     }
-    if (event.type === "error" && event.code === "unavailable") this.#retryResult(event);
+    if (event.type === "error" && (event.code === "unavailable" || event.code === "rate_limited")) {
+      this.#retryResult(event);
+    }
     this.#trackRun(event);
     this.#emit(event);
     if (event.type === "tool.call" && event.executor === "client" &&
         event.client_id === this.clientId) {
       this.#execute(event);
     }
+    if (this.afterReplay && typeof event.seq === "number") this.#runRebuiltCalls();
   }
 
   #emit(event) {
@@ -465,8 +556,8 @@ export class CowriteClient extends EventTarget {
     this.dispatchEvent(new CustomEvent("event", { detail: event }));
   }
 
-  /** `unavailable` for a kept result (Redis down, the run changing instances): send it
-   * again after `retry_after_ms`, unless its tool.done came meanwhile. */
+  /** `unavailable` (Redis down, the run changing instances) or `rate_limited` for a kept
+   * result: send it again after `retry_after_ms`, unless its tool.done came meanwhile. */
   #retryResult(error) {
     const result = [...this.results.values()].find((r) => r.id === error.reply_to);
     if (!result) return;
@@ -475,18 +566,29 @@ export class CowriteClient extends EventTarget {
     }, error.retry_after_ms ?? 1000);
   }
 
-  /** After a reconnect: resend results the server may have missed; run calls not yet run. */
-  #resumeToolCalls(run) {
+  /** After a reconnect: resend results the server may have missed; run calls not yet run,
+   * once the replay (events up to `upTo`) is in: a replayed tool.call carries the
+   * document_version the stale-call rule needs, which `active_run.pending` lacks. */
+  #resumeToolCalls(run, upTo) {
     if (!run || run.client_id !== this.clientId) return;
     for (const item of run.pending) {
-      if (item.kind !== "tool" || !item.token) continue;
-      const result = this.results.get(item.call_id);
+      const result = item.kind === "tool" && this.results.get(item.call_id);
       if (result) this.send(result);
-      else if (!this.executing.has(item.call_id)) {
-        this.#execute({ type: "tool.call", run_id: run.run_id, call_id: item.call_id,
-                        name: item.name, arguments: item.arguments, token: item.token,
-                        executor: "client", client_id: this.clientId, seq: -1 });
-      }
+    }
+    this.afterReplay = { run, upTo };
+    this.#runRebuiltCalls();
+  }
+
+  #runRebuiltCalls() {
+    const { run, upTo } = this.afterReplay;
+    if (this.seq.lastSeq < upTo) return;
+    this.afterReplay = null;
+    for (const item of run.pending) {
+      if (item.kind !== "tool" || !item.token || this.executing.has(item.call_id) ||
+          this.results.has(item.call_id)) continue;
+      this.#execute({ type: "tool.call", run_id: run.run_id, call_id: item.call_id,
+                      name: item.name, arguments: item.arguments, token: item.token,
+                      executor: "client", client_id: this.clientId, seq: -1 });
     }
   }
 
@@ -496,7 +598,8 @@ export class CowriteClient extends EventTarget {
     const tool = this.tools.get(call.name);
     const result = { type: "tool.result", id: `result:${call.call_id}`.slice(0, 64),
                      run_id: call.run_id, call_id: call.call_id, token: call.token };
-    const started = performance.now();
+    const started = this.now();
+    let output;
     try {
       if (this.#isStale(call)) {
         throw Object.assign(new Error(
@@ -504,18 +607,25 @@ export class CowriteClient extends EventTarget {
           `(now ${this.documentVersion}); read it again before editing`), { code: "stale" });
       }
       if (!tool) throw Object.assign(new Error(`no handler for ${call.name}`), { code: "no_handler" });
-      result.output = (await tool.handler(call.arguments, call)) ?? null;
+      output = (await tool.handler(call.arguments, call)) ?? null;
+      // A cycle, a BigInt or a function would make send() throw, and no result would go.
+      if (JSON.stringify(output) === undefined) throw new TypeError(`a ${typeof output}`);
+      result.output = output;
     } catch (error) {
-      result.error = { message: String(error?.message ?? error), code: error?.code };
+      result.error = output === undefined ? toolError(error) : { code: "invalid_output",
+        message: `the tool's output cannot be sent as JSON: ${error?.message ?? error}` };
     }
     if (frameTooLarge(JSON.stringify(result), this.welcome?.limits?.max_message_bytes)) {
       delete result.output;
       result.error = { code: "too_large", message: "the tool's result is larger than the " +
         `server takes (${this.welcome?.limits?.max_message_bytes} bytes)` };
     }
-    this.results.set(call.call_id, result);
+    // Its tool.done came meanwhile (a timeout, a cancel), or a failed resume forgot it:
+    // the server would refuse the result (run_not_active, call_not_pending).
+    const ended = !this.executing.has(call.call_id);
+    if (!ended) this.results.set(call.call_id, result);
     this.dispatchEvent(new CustomEvent("tool.executed", {
-      detail: { call, result, ms: performance.now() - started } }));
-    this.send(result);
+      detail: { call, result, ms: this.now() - started, ended } }));
+    if (!ended) this.send(result);
   }
 }

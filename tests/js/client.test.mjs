@@ -55,14 +55,15 @@ class FakeSocket {
   serverClose(code, reason = "") { this.readyState = 3; this.onclose?.({ code, reason }); }
 }
 
-function makeClient() {
+/** A client on FakeSocket whose timers are `timers` (heartbeat off unless `options` say). */
+function makeClient(options = {}) {
   FakeSocket.all = [];
   FakeSocket.refuse = false;
   const timers = [];
   const client = new CowriteClient({
     baseUrl: "ws://server", documentId: "doc 1", getToken: () => "tok", clientId: "tab-1",
     WebSocketImpl: FakeSocket, setTimeout: (fn, ms) => timers.push({ fn, ms }),
-    backoff: { random: () => 0.5 },
+    backoff: { random: () => 0.5 }, heartbeatMs: 0, ...options,
   });
   return { client, timers };
 }

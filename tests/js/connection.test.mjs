@@ -1,0 +1,380 @@
+// client.js connection lifecycle and tool results when things go wrong: failed
+// sockets that only report `error`, connect()/close() in any order, the heartbeat,
+// refused or unsendable results, and calls that ended while their handler ran.
+// A fake WebSocket that behaves as a browser's (close events come later), plus the
+// real `ws` package (tests/node) over a Unix socket when it is installed.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import http from "node:http";
+import os from "node:os";
+import path from "node:path";
+import fs from "node:fs";
+import { CowriteClient } from "../../static/client.js";
+
+class Fake {
+  static all = [];
+  /** how new sockets end up: "open", "close" (1006 before open) or "error" (only an error) */
+  static mode = "open";
+  constructor(url) {
+    Object.assign(this, { url, sent: [], readyState: 0, closedWith: null });
+    Fake.all.push(this);
+    const mode = Fake.mode;
+    queueMicrotask(() => {
+      if (mode === "close") this.serverClose(1006);
+      else if (mode === "error") { this.readyState = 3; this.onerror?.({ type: "error" }); }
+      else { this.readyState = 1; this.onopen?.(); }
+    });
+  }
+  send(text) { this.sent.push(JSON.parse(text)); }
+  /** As in a browser: closing now, the close event later. */
+  close(code = 1000) {
+    this.closedWith = code;
+    this.readyState = 2;
+    setTimeout(() => this.serverClose(code), 0);
+  }
+  serverSend(event) { this.onmessage?.({ data: JSON.stringify(event) }); }
+  serverClose(code, reason = "") { this.readyState = 3; this.onclose?.({ code, reason }); }
+}
+
+const tick = () => new Promise((resolve) => setTimeout(resolve, 0));
+
+function setup(options = {}) {
+  Fake.all = [];
+  Fake.mode = "open";
+  const timers = [];
+  const clock = { now: 0 };
+  const client = new CowriteClient({
+    baseUrl: "ws://server", documentId: "doc", getToken: () => "tok", clientId: "tab-1",
+    WebSocketImpl: Fake, setTimeout: (fn, ms) => timers.push({ fn, ms }), now: () => clock.now,
+    backoff: { random: () => 0.5 }, heartbeatMs: 0, ...options,
+  });
+  const states = [];
+  client.addEventListener("state", (e) => states.push(e.detail));
+  return { client, timers, clock, states };
+}
+
+async function opened(options) {
+  const env = setup(options);
+  env.client.connect();
+  await tick();
+  env.ws = Fake.all[0];
+  env.ws.serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: false });
+  return env;
+}
+
+const call = (callId, extra = {}) => ({ type: "tool.call", run_id: "r", call_id: callId, name: "t",
+  arguments: {}, executor: "client", client_id: "tab-1", token: "T", ...extra });
+const results = (ws) => ws.sent.filter((m) => m.type === "tool.result");
+
+// -- 1. errors before open ------------------------------------------------------------
+
+test("an error before open counts as a close 1006: retried, then stopped by the refused-upgrade rule", async () => {
+  const { client, timers, states } = setup();
+  Fake.mode = "error"; // Node's WebSocket on a refused upgrade: an error and nothing else
+  client.connect();
+  await tick();
+  assert.equal(client.state, "reconnecting", "not stuck in connecting");
+  assert.equal(states.at(-1).code, 1006);
+  for (let i = 0; i < 5 && timers.length; i += 1) {
+    timers.shift().fn();
+    await tick();
+  }
+  assert.equal(Fake.all.length, 3);
+  assert.equal(client.state, "closed");
+  assert.equal(states.at(-1).refused, true);
+  assert.equal(states.at(-1).attempts, 3);
+});
+
+let WsPackage = null;
+try {
+  WsPackage = (await import("../node/node_modules/ws/wrapper.mjs")).default;
+} catch { /* tests/node's npm packages are not installed */ }
+
+test("with the ws package, a refused upgrade and a server that is down do not crash the process",
+  // A skip is a missing check: in CI (`make test` installs tests/node first) it fails.
+  { skip: WsPackage || process.env.CI === "true" ? false
+    : "tests/node/node_modules (the ws package) is not installed" }, async () => {
+    assert.ok(WsPackage, "the ws package (tests/node/node_modules) is required in CI");
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cowrite-ws-"));
+    const socket = path.join(dir, "server.sock");
+    const server = http.createServer((request, response) => response.writeHead(404).end());
+    server.on("upgrade", (request, sock) => sock.end("HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"));
+    await new Promise((resolve) => server.listen(socket, resolve));
+    try {
+      for (const where of [socket, path.join(dir, "nobody-listens.sock")]) {
+        const client = new CowriteClient({
+          baseUrl: `ws+unix:${where}:`, documentId: "doc", getToken: () => "tok",
+          WebSocketImpl: WsPackage, backoff: { baseMs: 1, maxMs: 2 }, heartbeatMs: 0,
+        });
+        const closed = new Promise((resolve) => client.addEventListener("state", (e) => {
+          if (e.detail.state === "closed") resolve(e.detail);
+        }));
+        client.connect();
+        const detail = await closed;
+        assert.equal(detail.refused, true, where);
+        assert.equal(detail.attempts, 3);
+      }
+    } finally {
+      server.close();
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+// -- 2. one connection at a time ----------------------------------------------------------
+
+test("connect(); close(); connect() with an async getToken opens one socket", async () => {
+  const { client } = setup({ getToken: async () => { await tick(); return "tok"; } });
+  client.connect();
+  client.close();
+  client.connect();
+  for (let i = 0; i < 4; i += 1) await tick();
+  assert.equal(Fake.all.length, 1, "the first getToken's answer opens nothing");
+  assert.equal(client.state, "reconnecting");
+  Fake.all[0].serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: false });
+  assert.equal(client.state, "open");
+});
+
+test("close() during a backoff, then connect(): the old retry timer opens nothing", async () => {
+  const { client, timers, ws } = await opened();
+  ws.serverClose(1006);
+  assert.equal(timers.length, 1, "a reconnect is scheduled");
+  client.close();
+  client.connect();
+  await tick();
+  assert.equal(Fake.all.length, 2);
+  timers.shift().fn(); // the old connection's retry
+  await tick();
+  assert.equal(Fake.all.length, 2, "no second live socket");
+});
+
+test("connect() while open or reconnecting does nothing", async () => {
+  const { client, timers, states } = await opened();
+  const before = states.length;
+  client.connect();
+  await tick();
+  assert.equal(Fake.all.length, 1);
+  assert.equal(states.length, before, "no state event");
+  Fake.all[0].serverClose(1011);
+  client.connect(); // during the backoff
+  await tick();
+  assert.equal(Fake.all.length, 1, "the scheduled retry reconnects, not connect()");
+  timers.shift().fn();
+  await tick();
+  assert.equal(Fake.all.length, 2);
+});
+
+test("close() rejects pending requests at once, and the closed socket's events are not dispatched", async () => {
+  const { client, ws } = await opened();
+  const seen = [];
+  client.addEventListener("event", (e) => seen.push(e.detail.type));
+  const pending = client.cancelRun("r");
+  client.close();
+  await assert.rejects(pending, /connection closed/);
+  assert.equal(ws.closedWith, 1000);
+  assert.equal(client.ws, null);
+  ws.serverSend({ type: "run.started", seq: 1, run_id: "r2" }); // in flight before its close event
+  await tick(); await tick();
+  assert.deepEqual(seen, []);
+  assert.equal(client.state, "closed");
+});
+
+// -- 3 and 4. results that the server refused or that cannot be sent -------------------------
+
+test("a result refused as rate_limited is sent again after retry_after_ms", async () => {
+  const { client, timers, ws } = await opened();
+  client.registerTool({ name: "t" }, () => "out");
+  ws.serverSend(call("c1", { seq: 1 }));
+  await tick();
+  assert.equal(results(ws).length, 1);
+  ws.serverSend({ type: "error", code: "rate_limited", message: "too many messages",
+                  reply_to: "result:c1", retry_after_ms: 4 });
+  assert.deepEqual(timers.map((t) => t.ms), [4]);
+  timers.shift().fn();
+  assert.equal(results(ws).length, 2);
+  assert.deepEqual(results(ws)[1], results(ws)[0]);
+});
+
+test("a handler's error code is sent as a string; unserialisable output becomes invalid_output", async () => {
+  const { client, ws } = await opened();
+  const outputs = {
+    abort: () => { throw new DOMException("This operation was aborted", "AbortError"); }, // code 20
+    plain: () => { throw new Error("plain"); },
+    thrown: () => { throw "a string"; }, // eslint-disable-line no-throw-literal
+    cycle: () => { const node = { tag: "p" }; node.parent = node; return node; },
+    big: () => ({ n: 10n }),
+    fn: () => () => 1,
+  };
+  const rejections = [];
+  const onRejection = (error) => rejections.push(error);
+  process.on("unhandledRejection", onRejection);
+  try {
+    for (const [name, handler] of Object.entries(outputs)) client.registerTool({ name }, handler);
+    let seq = 0;
+    for (const name of Object.keys(outputs)) ws.serverSend(call(name, { name, seq: ++seq }));
+    await tick(); await tick();
+  } finally {
+    process.off("unhandledRejection", onRejection);
+  }
+  assert.deepEqual(rejections, []);
+  const errors = Object.fromEntries(results(ws).map((r) => [r.call_id, r.error]));
+  assert.deepEqual(errors.abort, { message: "This operation was aborted", code: "AbortError" });
+  assert.deepEqual(errors.plain, { message: "plain", code: "Error" });
+  assert.deepEqual(errors.thrown, { message: "a string" });
+  for (const name of ["cycle", "big", "fn"]) {
+    assert.equal(errors[name]?.code, "invalid_output", name);
+    assert.match(errors[name].message, /cannot be sent as JSON/);
+  }
+  assert.equal(results(ws).length, 6, "every call got a result");
+  assert.ok(results(ws).every((r) => !("output" in r)));
+});
+
+// -- 5. heartbeat ------------------------------------------------------------------------------
+
+test("heartbeat: a ping every interval; its pong is not dispatched; silence reconnects and rejects", async () => {
+  const { client, timers, clock, states, ws } = await opened({ heartbeatMs: 15_000 });
+  const pongs = [];
+  client.addEventListener("pong", (e) => pongs.push(e.detail));
+  const beat = (ms) => {
+    const next = timers.findIndex((t) => t.ms > 0 && t.ms <= 15_000);
+    clock.now += ms ?? timers[next].ms;
+    timers.splice(next, 1)[0].fn();
+  };
+  assert.deepEqual(timers.map((t) => t.ms), [15_000], "the first beat");
+  beat();
+  const ping = ws.sent.at(-1);
+  assert.deepEqual(ping, { type: "ping", ts: 15_000 });
+  ws.serverSend({ type: "pong", ts: ping.ts });
+  ws.serverSend({ type: "pong", ts: 1 }); // the app's own ping
+  assert.deepEqual(pongs, [{ type: "pong", ts: 1 }]);
+  // The path dies silently: nothing arrives any more.
+  const pending = client.cancelRun("r");
+  beat(); // t = 30 s, 15 s of silence: ping
+  beat(); // t = 45 s, 30 s: ping, next beat when 35 s have passed
+  assert.equal(ws.sent.filter((m) => m.type === "ping").length, 3);
+  assert.equal(timers.at(-1).ms, 5_000);
+  beat();
+  assert.equal(client.state, "reconnecting");
+  assert.equal(states.at(-1).code, 1006);
+  assert.match(states.at(-1).reason, /nothing from the server in 35000 ms/);
+  await assert.rejects(pending, /connection closed/);
+  assert.equal(ws.closedWith, 1000);
+  timers.shift().fn(); // the reconnect
+  await tick();
+  assert.deepEqual(Fake.all[1].sent[0].resume, { epoch: "E", after_seq: 0 });
+});
+
+test("heartbeat: traffic keeps the connection, late timers too; heartbeatMs 0 sends no ping", async () => {
+  const { client, timers, clock, ws } = await opened({ heartbeatMs: 1000 });
+  for (let i = 0; i < 10; i += 1) {
+    clock.now += 1000;
+    ws.serverSend({ type: "document.changed", seq: i + 1 });
+    timers.shift().fn();
+  }
+  assert.equal(ws.sent.filter((m) => m.type === "ping").length, 10);
+  assert.equal(Fake.all.length, 1);
+  // A hidden tab's timers run late (once a minute): the pong of the last ping still counts.
+  for (let i = 0; i < 3; i += 1) {
+    clock.now += 60_000;
+    timers.shift().fn();
+    ws.serverSend({ type: "pong", ts: ws.sent.at(-1).ts });
+  }
+  assert.equal(client.state, "open");
+  assert.equal(Fake.all.length, 1);
+  clock.now += 60_000;
+  timers.shift().fn(); // a ping that gets no answer...
+  assert.equal(client.state, "open");
+  clock.now += 60_000;
+  timers.shift().fn(); // ...by the next (late) beat ends the connection
+  assert.equal(client.state, "reconnecting");
+  const off = await opened();
+  assert.equal(off.timers.length, 0);
+});
+
+// -- 6. calls that ended while their handler ran -----------------------------------------------
+
+test("a result for a call that ended meanwhile is reported, neither kept nor sent", async () => {
+  const { client, ws } = await opened();
+  let finish;
+  client.registerTool({ name: "t" }, () => new Promise((resolve) => { finish = resolve; }));
+  const executed = [];
+  client.addEventListener("tool.executed", (e) => executed.push(e.detail));
+  ws.serverSend(call("c1", { seq: 1 }));
+  await tick();
+  ws.serverSend({ type: "tool.done", seq: 2, run_id: "r", call_id: "c1", status: "timeout" });
+  finish("late");
+  await tick();
+  assert.equal(executed.length, 1);
+  assert.equal(executed[0].ended, true);
+  assert.deepEqual(results(ws), []);
+  assert.equal(client.results.size, 0);
+
+  // A failed resume forgets the call while its handler runs.
+  ws.serverSend(call("c2", { seq: 3 }));
+  await tick();
+  ws.serverSend({ type: "welcome", epoch: "F", last_seq: 0, resumed: false, resume_failed: "epoch_changed" });
+  finish("late");
+  await tick();
+  assert.equal(executed[1].ended, true);
+  assert.deepEqual(results(ws), []);
+  assert.equal(client.results.size, 0);
+
+  ws.serverSend(call("c3", { seq: 1 }));
+  await tick();
+  finish("on time");
+  await tick();
+  assert.equal(executed[2].ended, false);
+  assert.deepEqual(results(ws).map((r) => r.output), ["on time"]);
+});
+
+// -- 7. state events and the clock ------------------------------------------------------------
+
+test("one reconnecting state per retry, one closed state per close; tool.executed ms from `now`", async () => {
+  const { client, timers, clock, states, ws } = await opened();
+  client.registerTool({ name: "t" }, () => { clock.now += 42; return null; });
+  const executed = [];
+  client.addEventListener("tool.executed", (e) => executed.push(e.detail));
+  ws.serverSend(call("c1", { seq: 1 }));
+  await tick();
+  assert.equal(executed[0].ms, 42);
+  ws.serverClose(1011);
+  timers.shift().fn();
+  await tick();
+  Fake.all[1].serverSend({ type: "welcome", epoch: "E", last_seq: 1, resumed: true });
+  client.close();
+  client.close();
+  assert.deepEqual(states.map((s) => s.state), ["connecting", "open", "reconnecting", "open", "closed"]);
+  assert.equal(states[2].code, 1011);
+  assert.equal(states[2].delay, 125);
+});
+
+// -- 8. calls rebuilt from welcome.active_run --------------------------------------------------
+
+test("after a resume, a pending call runs from its replayed tool.call, so the stale-call rule applies", async () => {
+  const { client, timers, ws } = await opened();
+  let ran = 0;
+  client.registerTool({ name: "t" }, () => { ran += 1; return "edited"; });
+  client.startRun({ prompt: "p", runId: "r", context: { document: { text: "hello", version: 1 } } });
+  ws.serverSend({ type: "run.started", seq: 1, run_id: "r" });
+  ws.serverClose(1006);
+  client.editorChange({ documentVersion: 2, changes: [{ from: 0, to: 0, insert: 1 }] }); // meanwhile
+  timers.shift().fn();
+  await tick();
+  const again = Fake.all[1];
+  again.serverSend({ type: "welcome", epoch: "E", last_seq: 3, resumed: true, replayed: 2,
+    active_run: { run_id: "r", client_id: "tab-1", pending: [
+      { kind: "tool", call_id: "c1", name: "t", arguments: {}, token: "T", expires_at: 0 }] } });
+  await tick();
+  assert.equal(ran, 0, "not before the replay");
+  again.serverSend({ type: "message.done", seq: 2, run_id: "r" });
+  again.serverSend(call("c1", { seq: 3, document_version: 1 }));
+  await tick();
+  assert.equal(ran, 0, "the call was computed on version 1; the user edited since");
+  assert.deepEqual(results(again).map((r) => r.error?.code), ["stale"]);
+
+  // Without a replay to wait for (or once it is in), a call known only from active_run runs.
+  again.serverSend({ type: "welcome", epoch: "E", last_seq: 3, resumed: true, replayed: 0,
+    active_run: { run_id: "r", client_id: "tab-1", pending: [
+      { kind: "tool", call_id: "c2", name: "t", arguments: {}, token: "T", expires_at: 0 }] } });
+  await tick();
+  assert.equal(ran, 1);
+});
