@@ -39,19 +39,24 @@ class CheckpointWrite(Protocol):
 async def append_group(backend: Backend, document_id: str, wires: list[dict[str, Any]],
                        checkpoint: CheckpointWrite | None = None) -> None:
     if checkpoint is not None:
-        record, lease_s, parts = checkpoint.begin()
         try:
+            record, lease_s, parts = checkpoint.begin()
             written = await backend.renew_and_append(document_id, record, lease_s, parts, wires)
         except BackendUnavailable:
             checkpoint.end(None)
             raise
-        except (TypeError, ValueError) as exc:  # the record's encoder refused it
+        except UnloggableEvent:  # an event: nothing written
             checkpoint.end(False)
-            raise UnloggableEvent(str(exc)) from exc
-        checkpoint.end(written)
-        if not written:
-            raise LeaseNotHeld(document_id)
-        return
+            raise
+        except (TypeError, ValueError):  # the checkpoint only (deeper than its events):
+            checkpoint.end(False)  # skipped, as a renewal skips it; the events alone
+            logger.warning("checkpoint skipped: it cannot be encoded",
+                           extra={"document_id": document_id})
+        else:
+            checkpoint.end(written)
+            if not written:
+                raise LeaseNotHeld(document_id)
+            return
     for index, wire in enumerate(wires):
         try:
             await _append_retrying(backend, document_id, wire, retry=index > 0)
