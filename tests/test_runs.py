@@ -228,6 +228,22 @@ async def test_max_steps(server: Server) -> None:
         assert finished["status"] == "completed" and finished["steps"] == 2
 
 
+async def test_allowed_models_and_the_servers_own_model() -> None:
+    """`COWRITE_ALLOWED_MODELS=qwen` refused `options.model` naming the server's own
+    `COWRITE_MODEL`, which a run without `options.model` uses anyway."""
+    async with running_server(model="house-model", allowed_models=["qwen"]) as srv, \
+            joined(srv) as (client, _):
+        for model in ("qwen", "house-model"):
+            await start(client, script({"say": "ok"}), options={"model": model},
+                        run_id=f"m-{model}")
+            finished = await client.recv_until("run.finished")
+            assert finished["status"] == "completed"
+        await client.send({"type": "run.start", "id": "other", "prompt": script({"say": "x"}),
+                           "options": {"model": "gpt-9"}})
+        refused = await client.recv_until(lambda e: e.get("reply_to") == "other")
+        assert refused["type"] == "error" and refused["code"] == "invalid_message"
+
+
 async def test_one_active_run_supersede_busy_and_idempotent_start(server: Server) -> None:
     slow = script({"say": "x" * 400}, chunk_chars=1, delay_ms=20)
     async with joined(server) as (client, _), joined(server, sub="bob", client_id="b") as (bob, _):

@@ -28,4 +28,6 @@ class RunEnvironment:
 
     @property
     def allowed_models(self) -> frozenset[str]:
-        return frozenset(self.settings.allowed_models or [self.settings.model])
+        """`COWRITE_ALLOWED_MODELS` and always `COWRITE_MODEL` (a run that names no model
+        uses it; naming it was refused when the list left it out)."""
+        return frozenset([*self.settings.allowed_models, self.settings.model])
