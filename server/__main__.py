@@ -31,7 +31,7 @@ def browser_url(configured_host: str, bound: tuple[object, ...]) -> str:
     becomes the loopback address of the same family; IPv6 gets brackets.
     """
     port = int(str(bound[1]))
-    host = configured_host
+    host = configured_host or "0.0.0.0"  # empty: every interface (it printed http://:8000/)
     try:
         address = ipaddress.ip_address(host)
     except ValueError:

@@ -51,6 +51,7 @@ def test_where_make_run_listens() -> None:
 
 def test_browser_url() -> None:
     assert browser_url("127.0.0.1", ("127.0.0.1", 8123)) == "http://127.0.0.1:8123/"
+    assert browser_url("", ("0.0.0.0", 8123)) == "http://127.0.0.1:8123/"  # every interface
     assert browser_url("0.0.0.0", ("0.0.0.0", 80)) == "http://127.0.0.1:80/"
     assert browser_url("::", ("::", 81, 0, 0)) == "http://[::1]:81/"
     assert browser_url("localhost", ("127.0.0.1", 82)) == "http://localhost:82/"
