@@ -117,13 +117,15 @@ class CowriteConfig(_Strict):
 
     @model_validator(mode="after")
     def _unique(self) -> "CowriteConfig":
-        for what, names in (("mcp server name", [m.name for m in self.mcp]),
-                            ("workflow name", [w.name for w in self.workflows]),
-                            ("tool import", [t.import_ for t in self.tools])):
+        for what, key, names in (
+                ("mcp server name", "[[mcp]] name", [m.name for m in self.mcp]),
+                ("workflow name", "[[workflows]] name", [w.name for w in self.workflows]),
+                ("tool import", "[[tools]] import: each function once",
+                 [t.import_ for t in self.tools])):
             seen: set[str] = set()
             for name in names:
                 if name in seen:
-                    raise ValueError(f"duplicate {what} {name!r}")
+                    raise ValueError(f"duplicate {what} {name!r} ({key})")
                 seen.add(name)
         return self
 
@@ -145,8 +147,9 @@ def parse_config(data: dict[str, Any], source: str = "COWRITE_CONFIG") -> Cowrit
             where = _where(error["loc"])
             if error["type"] == "extra_forbidden":
                 problems.append(f"unknown key {where}")
-            else:
-                problems.append(f"{where}: {error['msg']}")
+            else:  # pydantic's "Value error, " prefix says nothing to the operator
+                message = str(error["msg"]).removeprefix("Value error, ")
+                problems.append(message if where == "(file)" else f"{where}: {message}")
         raise ConfigError(f"{source}: {'; '.join(problems)}") from None
 
 
