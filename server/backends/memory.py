@@ -16,8 +16,7 @@ run records together:
   runs every `idle_s / 4` seconds (at most every 30 s);
 - count: when more than `max_documents` documents are held, the least
   recently used ones that are not in use are evicted at once, idle or not,
-  so memory stays bounded under a flood of new documents.
-0 disables a rule.
+  so memory stays bounded under a flood of new documents. 0 disables a rule.
 """
 
 import asyncio
@@ -344,11 +343,10 @@ class MemoryBackend(MemoryInstances):
                                parts: RunParts | None, events: Sequence[dict[str, Any]]
                                ) -> bool:
         encoded = [(str(event["type"]), encode_event_body(event)) for event in events]
-        if not await self.renew_run(document_id, record, lease_s, parts):
-            return False
-        for kind, body in encoded:  # no await since the renewal: one step
+        renewed = await self.renew_run(document_id, record, lease_s, parts)
+        for kind, body in encoded if renewed else ():  # no await since: one step
             self.append_encoded(document_id, kind, body)
-        return True
+        return renewed
 
     async def run_parts(self, document_id: str) -> list[str]:
         return list(self._run_parts.get(document_id, ()))
