@@ -16,8 +16,7 @@ run records together:
   runs every `idle_s / 4` seconds (at most every 30 s);
 - count: when more than `max_documents` documents are held, the least
   recently used ones that are not in use are evicted at once, idle or not,
-  so memory stays bounded under a flood of new documents. 0 disables a rule.
-"""
+  so memory stays bounded under a flood of new documents. 0 disables a rule."""
 
 import asyncio
 import bisect
