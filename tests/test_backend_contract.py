@@ -217,3 +217,27 @@ async def test_a_run_taken_over_is_freed_by_its_new_holder_only() -> None:
             assert await backend.active_run("doc-t") is None
         finally:
             await backend.close()
+
+
+async def test_a_checkpointed_write_whose_reply_was_lost_is_not_done_twice() -> None:
+    """A retry of the same decision's write (its reply lost, the write done) logged its
+    events a second time: a `tool.call` announced twice, a second `tool.done`."""
+    async with redis_process() as proc:
+        backend = RedisBackend(proc.url)
+        await backend.start()
+        try:
+            record = {"run_id": "r1", "status": "running", "owner": "instance-1"}
+            assert await backend.claim_run("doc-i", record, 10) is None
+            written = {**record, "status": "waiting_tool", "write": "w-1"}
+            events = [{"type": "tool.call", "run_id": "r1", "call_id": "c1"}]
+            for _ in range(2):  # the same write, twice
+                assert await backend.renew_and_append("doc-i", written, 10,
+                                                      RunParts(("a",), reset=True), events)
+            assert (await backend.head("doc-i")).last_seq == 1
+            assert await backend.run_parts("doc-i") == ["a"]
+            assert await backend.renew_and_append(  # the next decision's write goes on
+                "doc-i", {**written, "write": "w-2"}, 10, RunParts(("b",)), events)
+            assert (await backend.head("doc-i")).last_seq == 2
+            assert await backend.run_parts("doc-i") == ["a", "b"]
+        finally:
+            await backend.close()

@@ -22,10 +22,10 @@ from tests.cluster_support import (
     start_run,
 )
 from tests.fake_openai import Reply, running_fake_openai
-from tests.harness import SECRET, Client, running_server
-from tests.kill_proxy import KillProxy
+from tests.harness import SECRET, Client, joined, running_server
+from tests.kill_proxy import DropReplyProxy, KillProxy
 from tests.redis_support import redis_process
-from tests.runs import answer, call, of_run, script
+from tests.runs import answer, call, of_run, script, start
 from tests.tool_support import file_says
 
 pytestmark = pytest.mark.redis
@@ -230,9 +230,24 @@ async def test_an_answer_leaves_the_owners_inbox_only_once_applied(
         kind: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """A result forwarded to the run's owner was taken from its inbox before it was
     applied: an owner killed in between lost it (the next owner's replay reads only
-    what is left) and the call timed out. Here the owner fails while applying it."""
-    async with redis_process() as redis, running_server(redis_url=redis.url) as server:
+    what is left) and the call timed out. Here the owner fails while applying it; an
+    answer for a run this instance does not drive is taken first, as before (a
+    stalled owner must not apply what its successor replayed)."""
+    name = "read_document" if kind == "tool.result" else "replace_document"
+    async with redis_process() as redis, running_server(redis_url=redis.url) as server, \
+            joined(server) as (alice, _):
         router, backend = server.services.router, server.services.backend
+        arguments = {} if kind == "tool.result" else {"text": "x"}
+        await start(alice, script({"tool_calls": [call(name, **arguments)]}, {"say": "ok"}),
+                    run_id="r-1")
+        asked = await alice.recv_until("tool.call" if kind == "tool.result"
+                                       else "approval.requested")
+        response = {"type": kind, "id": "ans", "run_id": "r-1", "call_id": asked["call_id"],
+                  **({"token": asked["token"], "output": 1} if kind == "tool.result" else
+                     {"decision": "approve"})}
+        envelope = {"kind": "message", "document_id": "doc-1", "origin": "elsewhere",
+                    "connection": "c", "user_id": "alice", "client_id": "tab",
+                    "message": response}
         applying = asyncio.Event()
 
         async def dies_while_applying(message: dict[str, Any]) -> None:
@@ -240,27 +255,26 @@ async def test_an_answer_leaves_the_owners_inbox_only_once_applied(
             raise RuntimeError("killed while applying")
 
         monkeypatch.setattr(router, "_dispatch", dies_while_applying)
-        answer = {"type": kind, "run_id": "r-1", "call_id": "c-1",
-                  **({"token": "t", "output": 1} if kind == "tool.result" else
-                     {"decision": "approve"})}
-        envelope = {"kind": "message", "document_id": "doc-1", "origin": "elsewhere",
-                    "connection": "c", "user_id": "alice", "client_id": "tab",
-                    "message": answer}
         with caplog.at_level(logging.CRITICAL, logger="cowrite.remote"):
             await backend.send(router.me, envelope)
             await asyncio.wait_for(applying.wait(), 10)
             await asyncio.sleep(0.2)
         assert [message for _, message in await backend.unread_messages(router.me)] == \
             [envelope]  # left for whoever takes the run over
-        monkeypatch.undo()  # applied this time (answered: no such run): then taken
-        applied = {**envelope, "message": {**answer, "call_id": "c-2"}}
-        await backend.send(router.me, applied)
-        for _ in range(100):
-            unread = [message for _, message in await backend.unread_messages(router.me)]
-            if applied not in unread:
+        monkeypatch.undo()
+        other = {**envelope, "message": {**response, "run_id": "r-other"}}
+        await backend.send(router.me, other)  # not this instance's run: taken first
+        await backend.send(router.me, {**envelope, "message": {**response, "id": "again"}})
+        for _ in range(100):  # applied this time (the run goes on), then taken
+            if not [m for _, m in await backend.unread_messages(router.me) if m != envelope]:
                 break
             await asyncio.sleep(0.05)
-        assert unread == [envelope]
+        assert [message for _, message in await backend.unread_messages(router.me)] == \
+            [envelope]
+        if kind == "approval":  # approved: the editor runs the call
+            tool_call = await alice.recv_until("tool.call", timeout=10)
+            await answer(alice, tool_call, {"ok": True})
+        assert (await alice.recv_until("run.finished", timeout=10))["status"] == "completed"
 
 
 @pytest.mark.parametrize("written", [False, True])
@@ -296,3 +310,25 @@ async def test_an_owner_killed_as_it_announces_a_call_leaves_a_run_that_goes_on(
             assert len(of_run(alice.events, "k-1", "tool.call")) == 1
             assert of_run(alice.events, "k-1", "run.resumed")
             contiguous(alice, seen)
+
+
+async def test_a_result_whose_write_lost_its_reply_is_applied_once_and_acked() -> None:
+    """The write that applies a client's `tool.result` ran, but its reply from Redis
+    was lost: the client was told `unavailable` to retry, and its retry logged a
+    second `tool.done`. The write is now idempotent and retried to learn its outcome."""
+    steps = script({"say": "let me look", "tool_calls": [call("read_document")]},
+                   {"say": "thanks"})
+    async with redis_process() as redis, \
+            DropReplyProxy(redis.port, b'"type":"tool.done"') as proxy, \
+            server_process("cowrite", COWRITE_REDIS_URL=proxy.url,
+                           COWRITE_JWT_SECRET=SECRET) as owner, join(owner) as (alice, _):
+        await start_run(alice, steps, "l-1")
+        tool_call = await alice.recv_until("tool.call", timeout=TAKEOVER_S)
+        proxy.armed = True
+        await answer(alice, tool_call, {"text": "doc"}, id="res")
+        reply = await alice.recv_until(lambda e: e.get("reply_to") == "res", timeout=TAKEOVER_S)
+        assert proxy.fired.is_set()
+        assert reply["type"] == "ack" and reply["status"] == "accepted", reply
+        finished = await alice.recv_until(ended("l-1"), timeout=TAKEOVER_S)
+        assert finished["status"] == "completed"
+        assert len(of_run(alice.events, "l-1", "tool.done")) == 1

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import redis.asyncio as aioredis
 
@@ -191,3 +192,24 @@ async def test_a_tab_joining_before_the_owner_frees_an_ended_run_is_not_shown_it
                     assert welcome.get("active_run") is None, welcome["active_run"]
             finally:
                 await admin.delete("cw:{doc-1}:active")
+
+
+async def test_a_malformed_or_previous_release_live_frame_does_not_stop_the_fan_out() -> None:
+    """Live frames carry their epoch now; one in the previous release's `seq type frame`
+    form (a rolling upgrade) or one that is neither ended an instance's pub/sub loop
+    for good: its tabs heard nothing more from other instances."""
+    change = {"type": "editor.change", "origin": "user", "document_version": 1}
+    async with cluster() as (redis, (one, two)), join(one, client_id="x") as (x, _), \
+            join(two, sub="bob", client_id="y") as (y, _):
+        await x.send(change)
+        first = await y.recv_until("document.changed", timeout=10)
+        async with aioredis.Redis(port=redis.port, decode_responses=True) as admin:
+            old = orjson.dumps({"type": "document.changed", "seq": first["seq"],
+                                "ts": 1}).decode()
+            assert await admin.publish("cw:live:{doc-1}", "not a frame") == 2
+            assert await admin.publish(  # the previous release's form (a seq already seen)
+                "cw:live:{doc-1}", f"{first['seq']} document.changed {old}") == 2
+        await x.send({**change, "document_version": 2})
+        after = await y.recv_until(lambda e: e.get("type") == "document.changed"
+                                   and e["seq"] > first["seq"], timeout=10)
+        assert (after["seq"], after["document_version"]) == (first["seq"] + 1, 2)

@@ -10,6 +10,7 @@ the record, so checkpoints cost nothing there.
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -186,10 +187,11 @@ class DecisionWrite:
     def __init__(self, lease: RunLease, state: RunState) -> None:
         self._lease, self._state = lease, state
         self._split: Any = None
+        self.write_id = uuid.uuid4().hex[:16]  # the same for every attempt (idempotence)
 
     def begin(self) -> tuple[dict[str, Any], float, RunParts | None]:
         lease, state = self._lease, self._state
-        record = state.to_record(lease.env.instance_id)
+        record = {**state.to_record(lease.env.instance_id), "write": self.write_id}
         parts: RunParts | None = None
         if lease.env.settings.durable_runs:
             self._split = split_checkpoint(state, lease._written)

@@ -21,6 +21,7 @@ from server.ports import EventLog
 
 logger = logging.getLogger("cowrite.agent")
 PUBLISH_RETRY_MAX_S = 1.0
+OUTCOME_RETRY_S = 1.0  # see `try_publish`
 
 
 class PublishFailed(Exception):
@@ -35,21 +36,32 @@ async def try_publish(log: EventLog, events: tuple[Any, ...], extra: Mapping[str
                       checkpoint: CheckpointWrite | None = None
                       ) -> tuple[ErrorCode, str] | None:
     """Log `events` once; None, or the error to answer the sender with. `LeaseNotHeld`
-    (the checkpoint's) is raised: the run is not this instance's any more."""
-    try:
-        await log.publish_many(events, checkpoint)
-    except BackendUnavailable:
-        return ErrorCode.UNAVAILABLE, "the shared backend is unavailable; retry shortly"
-    except UnloggableEvent:
-        return ErrorCode.INVALID_MESSAGE, "the message's content cannot be logged " \
-                                          "(nested too deeply?)"
-    except LeaseNotHeld:
-        raise
-    except Exception:
-        ref = new_ref()
-        logger.exception("publishing failed (ref %s)", ref, extra=extra)
-        return ErrorCode.INTERNAL, f"internal error (ref {ref})"
-    return None
+    (the checkpoint's) is raised: the run is not this instance's any more. A write with
+    its checkpoint is tried again for up to `OUTCOME_RETRY_S` after an outage: its reply
+    may be what was lost, and it is idempotent, so the retry tells whether it happened
+    (the sender was told to retry a write that had happened, and its retry logged a
+    second `tool.done`)."""
+    deadline = time.monotonic() + (OUTCOME_RETRY_S if checkpoint is not None else 0.0)
+    delay = 0.05
+    while True:
+        try:
+            await log.publish_many(events, checkpoint)
+            return None
+        except BackendUnavailable:
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, PUBLISH_RETRY_MAX_S)
+        except UnloggableEvent:
+            return ErrorCode.INVALID_MESSAGE, "the message's content cannot be logged " \
+                                              "(nested too deeply?)"
+        except LeaseNotHeld:
+            raise
+        except Exception:
+            ref = new_ref()
+            logger.exception("publishing failed (ref %s)", ref, extra=extra)
+            return ErrorCode.INTERNAL, f"internal error (ref {ref})"
+    return ErrorCode.UNAVAILABLE, "the shared backend is unavailable; retry shortly"
 
 
 async def publish_retrying(log: EventLog, events: tuple[Any, ...], retry_s: float,

@@ -81,11 +81,13 @@ class RemotePeer:
 
 
 def _answers_a_call(message: dict[str, Any]) -> bool:
-    """A forwarded `tool.result` or `approval`: taken from the inbox only once applied,
-    so an owner killed while applying it leaves it for the next owner's replay (taken
-    first, it was lost, and the call timed out). Applied twice it is harmless: the run
-    answers a repeat as a duplicate. Other messages are taken first (an edit applied
-    twice would move the run's scope twice)."""
+    """A forwarded `tool.result` or `approval`: taken from the inbox only once applied by
+    the instance driving its run, so an owner killed while applying it leaves it for the
+    next owner's replay (taken first, it was lost, and the call timed out). Applied twice
+    it is harmless: the run answers a repeat as a duplicate. An instance that no longer
+    drives the run takes it first (a stalled owner woke to an answer its successor had
+    replayed and applied, and sent the client a second reply). Other messages are taken
+    first (an edit applied twice would move the run's scope twice)."""
     inner = message.get("message")
     return message.get("kind") == "message" and isinstance(inner, dict) and \
         inner.get("type") in ("tool.result", "approval")
@@ -218,13 +220,23 @@ class RunRouter:
             try:
                 if message.get("kind") == "reply":
                     await self._dispatch(message)
-                elif _answers_a_call(message):  # taken once applied (see `_answers_a_call`)
-                    await self._dispatch(message)
-                    await self._claim(self.me, entry_id)
+                elif _answers_a_call(message) and self._runs_here(
+                        str(message.get("document_id", "")), str(message["message"]["run_id"])):
+                    # taken once applied (`_answers_a_call`), unless a successor replayed
+                    # it while this instance was stalled (it read the entry, then stopped)
+                    if await self._unread(entry_id):
+                        await self._dispatch(message)
+                        await self._claim(self.me, entry_id)
                 elif await self._claim(self.me, entry_id):
                     await self._dispatch(message)
             except Exception:
                 logger.exception("inbox message failed: %s", message.get("kind"))
+
+    async def _unread(self, entry_id: str) -> bool:
+        try:
+            return await self.backend.has_message(self.me, entry_id)
+        except BackendUnavailable:
+            return True  # act rather than lose it (a repeat is answered as a duplicate)
 
     async def _claim(self, instance_id: str, entry_id: str) -> bool:
         """Whether this instance acts on the entry (it was not taken by another)."""

@@ -147,7 +147,9 @@ class RunRegistry(Protocol):
                                ) -> bool:
         """`renew_run`, then `append` of each of `events` (the decision that checkpoint
         announces), as one atomic step; False (nothing written) as for `renew_run`.
-        Raises `UnloggableEvent` (nothing written) for content the log cannot hold."""
+        Raises `UnloggableEvent` (nothing written) for content the log cannot hold.
+        A shared backend is idempotent per `record["write"]`: once that write is done,
+        another attempt of it (its reply was lost) writes nothing and answers True."""
         ...
 
     async def run_parts(self, document_id: str) -> list[str]:
@@ -246,6 +248,10 @@ class Backend(RunRegistry, Protocol):
 
     def inbox(self, instance_id: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """The instance's messages in order, each with its entry id."""
+        ...
+
+    async def has_message(self, instance_id: str, entry_id: str) -> bool:
+        """Whether the entry is still in the instance's inbox (nobody took it yet)."""
         ...
 
     async def take_message(self, instance_id: str, entry_id: str) -> bool:

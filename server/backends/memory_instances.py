@@ -54,6 +54,9 @@ class MemoryInstances:
         while True:
             yield await queue.get()
 
+    async def has_message(self, instance_id: str, entry_id: str) -> bool:
+        return True  # until its one reader takes it
+
     async def take_message(self, instance_id: str, entry_id: str) -> bool:
         return True  # the queue hands each entry to its one reader
 

@@ -287,10 +287,12 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
             keys=[*_run_keys(document_id), *_keys(document_id)],
             args=[orjson.dumps(record).decode(), now + int(lease_s * 1000), document_id,
                   record["run_id"], record["owner"], "1" if parts and parts.reset else "0",
-                  len(entries), *entries, uuid.uuid4().hex, now, self._log_max_events,
-                  channel_of(document_id), *bodies]))
+                  str(record.get("write", "")), len(entries), *entries, uuid.uuid4().hex, now,
+                  self._log_max_events, channel_of(document_id), *bodies]))
         if not result:
             return False
+        if result == 1:  # done by an attempt whose reply was lost: its frames came by pub/sub
+            return True
         epoch = result[0]
         for index, event in enumerate(events):
             self._deliver(document_id, epoch, LoggedEvent(

@@ -38,6 +38,20 @@ def channel_of(document_id: str) -> str:
     return f"cw:live:{{{document_id}}}"
 
 
+def _parse_live(data: str) -> tuple[str | None, LoggedEvent] | None:
+    """`epoch seq type frame` (or `seq type frame`, as instances of the previous release
+    publish during a rolling upgrade: epoch None), or None when it is neither: one bad
+    frame used to end the pub/sub loop for good, and the instance heard nothing more."""
+    try:
+        first, second, rest = data.split(" ", 2)
+        if not second.isdigit():  # `seq type frame`: a type is never a number
+            return None, LoggedEvent(int(first), second, rest)
+        event_type, frame = rest.split(" ", 1)
+        return first, LoggedEvent(int(second), event_type, frame)
+    except ValueError:
+        return None
+
+
 class RedisFanOut:
     """Mixed into `RedisBackend`, which provides `_redis`, `head` and `read_after`."""
 
@@ -94,13 +108,15 @@ class RedisFanOut:
                 with contextlib.suppress(RedisError, OSError):
                     await self._pubsub.unsubscribe(channel_of(document_id))
 
-    def _deliver(self, document_id: str, epoch: str, event: LoggedEvent) -> None:
+    def _deliver(self, document_id: str, epoch: str | None, event: LoggedEvent) -> None:
         """Hand `event` to the document's listeners, noting how far this instance has
-        seen the log; an event of another epoch than the last seen resets them first."""
+        seen the log; an event of another epoch than the last seen resets them first.
+        `epoch` is None for a frame of an instance of the previous release (no epoch)."""
         seen = self._last_seen.get(document_id)
         if seen is None:
-            self._last_seen[document_id] = (epoch, event.seq)
-        elif epoch != seen[0]:
+            if epoch is not None:
+                self._last_seen[document_id] = (epoch, event.seq)
+        elif epoch is not None and epoch != seen[0]:
             self._reset(document_id, epoch, event.seq)
         elif event.seq > seen[1]:
             self._last_seen[document_id] = (seen[0], event.seq)
@@ -143,8 +159,14 @@ class RedisFanOut:
                     if not channel.startswith("cw:live:{"):
                         continue
                     document_id = channel[len("cw:live:{"):-1]
-                    epoch, seq, event_type, frame = message["data"].split(" ", 3)
-                    self._deliver(document_id, epoch, LoggedEvent(int(seq), event_type, frame))
+                    live = _parse_live(message["data"])
+                    if live is None:
+                        logger.warning("skipped a malformed live frame on %s", channel[:200])
+                        continue
+                    try:
+                        self._deliver(document_id, *live)
+                    except Exception:  # one frame's failure must not end the fan-out
+                        logger.exception("delivering a live frame of %s failed", document_id)
             except asyncio.CancelledError:
                 raise
             except (RedisError, OSError, BackendUnavailable) as exc:  # once per outage

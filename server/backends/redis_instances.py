@@ -110,6 +110,11 @@ class RedisInstances:
         finally:
             await reader.aclose()
 
+    async def has_message(self, instance_id: str, entry_id: str) -> bool:
+        found: Any = await self._call(self._redis.xrange(_inbox_key(instance_id), entry_id,
+                                                         entry_id, count=1))
+        return bool(found)
+
     async def take_message(self, instance_id: str, entry_id: str) -> bool:
         return bool(await self._call(self._redis.xdel(_inbox_key(instance_id), entry_id)))
 

@@ -67,20 +67,25 @@ for i = 7, #ARGV, 1000 do
 end
 return 1
 """
-# A decision's checkpoint (RENEW_RUN_LUA's write, its parts counted by ARGV[7]) and
+# A decision's checkpoint (RENEW_RUN_LUA's write, its parts counted by ARGV[8]) and
 # the events that announce it (APPEND_LUA's, for each (body, type) pair after the
-# four common arguments at ARGV[8 + n]) in one step: an owner killed between the two
+# four common arguments at ARGV[9 + n]) in one step: an owner killed between the two
 # used to leave a checkpoint whose events were never logged (a `tool.call` nobody
-# saw, so the call timed out after a takeover). 0 when the lease is not held.
+# saw, so the call timed out after a takeover). 0 when the lease is not held; 1 when
+# this write (ARGV[7], the record's `write`) is already done: a retry after a reply
+# that was lost logs nothing twice.
 RENEW_AND_APPEND_LUA = """
 local active = redis.call('GET', KEYS[1])
-if not active or cjson.decode(active)['run_id'] ~= ARGV[4] then return 0 end
+if not active then return 0 end
+local current = cjson.decode(active)
+if current['run_id'] ~= ARGV[4] then return 0 end
 if redis.call('GET', KEYS[3]) ~= ARGV[5] then return 0 end
+if current['write'] == ARGV[7] then return 1 end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
 if ARGV[6] == '1' then redis.call('DEL', KEYS[4]) end
-local last_part = 7 + tonumber(ARGV[7])
-for i = 8, last_part, 1000 do
+local last_part = 8 + tonumber(ARGV[8])
+for i = 9, last_part, 1000 do
   redis.call('RPUSH', KEYS[4], unpack(ARGV, i, math.min(i + 999, last_part)))
 end
 local base = last_part + 1
