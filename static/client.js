@@ -226,6 +226,7 @@ export class CowriteClient extends EventTarget {
     this.beatTimer = undefined;
     /** when the current socket last received anything (heartbeat) */
     this.heardAt = 0;
+    this.beatDue = 0;
     /** when the last heartbeat ping was sent (its pong, ts rounded, is not dispatched) */
     this.pingAt = -Infinity;
     /** {run, upTo}: welcome.active_run's calls, run once the replay up to `upTo` is in */
@@ -440,7 +441,7 @@ export class CowriteClient extends EventTarget {
       this.pingAt = -Infinity;
       ws.send(JSON.stringify({ type: "hello", protocol: 1, client_id: this.clientId, token,
                                resume: this.seq.resumePoint() }));
-      if (this.heartbeatMs > 0) this.beatTimer = this.setTimer(() => this.#beat(ws), this.heartbeatMs);
+      if (this.heartbeatMs > 0) this.#nextBeat(ws, this.heardAt, this.heartbeatMs);
     };
     ws.onmessage = (message) => {
       if (this.ws !== ws) return;
@@ -486,11 +487,17 @@ export class CowriteClient extends EventTarget {
       return;
     }
     const delay = backoffDelay(this.attempt++, this.backoff);
+    const generation = this.generation; // read before the listeners: one may close()
     this.#setState("reconnecting", { code: close.code, reason: close.reason, delay, action });
-    const generation = this.generation;
+    if (generation !== this.generation) return;
     this.retryTimer = this.setTimer(() => {
       if (generation === this.generation) this.#open(generation);
     }, delay);
+  }
+
+  #nextBeat(ws, now, delay) {
+    this.beatDue = now + delay;
+    this.beatTimer = this.setTimer(() => this.#beat(ws), delay);
   }
 
   /** The heartbeat of `ws`: a ping every interval; silence for too long: reconnect. */
@@ -499,9 +506,13 @@ export class CowriteClient extends EventTarget {
     const now = this.now();
     const silent = now - this.heardAt;
     const limit = 2 * this.heartbeatMs + HEARTBEAT_SLACK_MS;
-    // Dead: nothing since the last ping, nor for `limit`. A late timer alone (a hidden
-    // tab's are throttled to one a minute) is not silence: the last ping's pong came.
-    if (this.pingAt > this.heardAt && silent >= limit) {
+    // A beat that runs late says nothing of the server: the page was paused (a long
+    // task, a debugger, an alert()) or its timers throttled (a hidden tab), and the
+    // last pong may be queued behind this timer. It only pings again. (Judged late, a
+    // 40 s pause dropped a healthy connection 1 ms after the page woke up.)
+    const late = now - this.beatDue > HEARTBEAT_SLACK_MS;
+    // Dead: an on-time beat finds the last ping unanswered and nothing for `limit`.
+    if (!late && this.pingAt > this.heardAt && silent >= limit) {
       this.#lost(ws, true, { code: CLOSE.ABNORMAL,
                              reason: `nothing from the server in ${Math.round(silent)} ms` });
       ws.close(CLOSE.NORMAL); // its close event, whenever it comes, is ignored
@@ -509,8 +520,9 @@ export class CowriteClient extends EventTarget {
     }
     this.pingAt = now;
     ws.send(JSON.stringify({ type: "ping", ts: Math.round(now) })); // not this.send: apps wrap it
-    this.beatTimer = this.setTimer(() => this.#beat(ws),
-                                   Math.max(0, Math.min(this.heartbeatMs, limit - silent)));
+    // The pong gets at least the slack before the ping is judged.
+    this.#nextBeat(ws, now, late ? HEARTBEAT_SLACK_MS
+      : Math.max(HEARTBEAT_SLACK_MS, Math.min(this.heartbeatMs, limit - silent)));
   }
 
   #receive(event) {

@@ -284,10 +284,45 @@ test("heartbeat: traffic keeps the connection, late timers too; heartbeatMs 0 se
   timers.shift().fn(); // a ping that gets no answer...
   assert.equal(client.state, "open");
   clock.now += 60_000;
-  timers.shift().fn(); // ...by the next (late) beat ends the connection
+  timers.shift().fn(); // ...judged by a late beat? No: the page may have been paused
+  assert.equal(client.state, "open"); // (an alert(), a debugger), its pong still queued
+  const due = timers.shift();
+  clock.now += due.ms; // an on-time beat: the ping it finds unanswered ends the connection
+  due.fn();
   assert.equal(client.state, "reconnecting");
   const off = await opened();
   assert.equal(off.timers.length, 0);
+});
+
+test("heartbeat: a page paused 40 s right after a ping keeps its healthy connection", async () => {
+  // An alert(), a debugger or a long task: the pong came while the page was paused and
+  // is still queued when the (late) beat runs; the connection used to be dropped then.
+  const { client, timers, clock, ws } = await opened({ heartbeatMs: 15_000 });
+  clock.now += 15_000;
+  timers.shift().fn(); // on time: ping
+  clock.now += 40_000; // paused; the beat runs before the queued pong
+  timers.shift().fn();
+  assert.equal(client.state, "open");
+  ws.serverSend({ type: "pong", ts: ws.sent.filter((m) => m.type === "ping")[0].ts });
+  ws.serverSend({ type: "pong", ts: ws.sent.at(-1).ts });
+  const next = timers.shift();
+  assert.ok(next.ms >= 5000, "the new ping's pong gets time to come");
+  clock.now += next.ms;
+  next.fn();
+  assert.equal(client.state, "open");
+  assert.equal(Fake.all.length, 1);
+});
+
+test("close() from a reconnecting state listener stops the client", async () => {
+  const { client, timers, ws } = await opened();
+  client.addEventListener("state", (e) => {
+    if (e.detail.state === "reconnecting") client.close(); // the app gives up at once
+  });
+  ws.serverClose(1006);
+  await tick();
+  assert.equal(client.state, "closed");
+  assert.equal(timers.length, 0, "no retry is armed");
+  assert.equal(Fake.all.length, 1);
 });
 
 // -- 6. calls that ended while their handler ran -----------------------------------------------
