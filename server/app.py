@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field, ValidationError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
@@ -329,7 +330,13 @@ def create_app(settings: Settings | None = None) -> Starlette:
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         Exception: internal_error}, middleware=[
         Middleware(TransportHandle),
-        Middleware(DirectRoute, path=DOCUMENT_SOCKET, endpoint=document_socket)])
+        Middleware(DirectRoute, path=DOCUMENT_SOCKET, endpoint=document_socket),
+        # Inside DirectRoute: the document socket never passes through it. Browser
+        # frontends on another origin (the AI SDK, AG-UI, tool results) authenticate
+        # with a Bearer header, not cookies, so no credentials are allowed or needed.
+        Middleware(CORSMiddleware, allow_origins=settings.allowed_origins or ["*"],
+                   allow_methods=["GET", "POST"], allow_headers=["*"], max_age=600,
+                   expose_headers=["retry-after", "x-vercel-ai-ui-message-stream"])])
     app.state.services = services
     app.state.tools = tools
     app.state.chat_runs = chat_runs

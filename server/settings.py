@@ -5,10 +5,14 @@ Nothing reads `os.environ` at import time: `create_app(settings)` receives a
 process. Every field here is listed in README's configuration table.
 """
 
+import contextlib
+import ipaddress
+import socket
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
+import idna
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -24,6 +28,25 @@ CountOrOff = Annotated[int, Field(ge=0)]  # 0: documented meaning (disables, no 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
+def _canonical_host(host: str) -> str | None:
+    """`host` as a browser serialises it: an IP address canonical (`[::1]`, not
+    `[0:0:0:0:0:0:0:1]`; `127.0.0.1`, not `127.1`), a name in its ASCII form by
+    UTS #46 without transitional mapping (`straße.de` is `xn--strae-oqa.de`, not
+    Python's IDNA 2003 `strasse.de`, which no browser sends)."""
+    with contextlib.suppress(ValueError):
+        address = ipaddress.ip_address(host)
+        return f"[{address.compressed}]" if address.version == 6 else str(address)
+    if host and all(c in "0123456789abcdefx." for c in host) and host[0].isdigit():
+        with contextlib.suppress(OSError):  # IPv4 shorthand, octal, hex (as WHATWG parses)
+            return str(ipaddress.IPv4Address(socket.inet_aton(host)))
+    if host.isascii():
+        return host
+    try:
+        return str(idna.encode(host, uts46=True, transitional=False).decode("ascii"))
+    except idna.IDNAError:
+        return None
+
+
 def normalized_origin(value: str) -> str | None:
     """`value` as a browser writes an `Origin` header (`scheme://host[:port]`, scheme
     and host in lower case, no default port, no trailing `/`), or None when it is not
@@ -37,13 +60,9 @@ def normalized_origin(value: str) -> str | None:
     if not scheme or not host or parts.path not in ("", "/") or parts.query \
             or parts.fragment or "?" in value or "#" in value or parts.username is not None:
         return None
-    if ":" in host:
-        host = f"[{host}]"
-    elif not host.isascii():  # browsers send an internationalised name in its ASCII form
-        try:
-            host = host.encode("idna").decode("ascii")
-        except UnicodeError:
-            return None
+    host = _canonical_host(host)
+    if host is None:
+        return None
     if port is not None and port != _DEFAULT_PORTS.get(scheme):
         return f"{scheme}://{host}:{port}"
     return f"{scheme}://{host}"

@@ -8,12 +8,11 @@ import asyncio
 import contextlib
 import logging
 import os
-import random
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 
+import httpx
 import pytest
 from pydantic import ValidationError
 from websockets.exceptions import InvalidStatus
@@ -21,21 +20,9 @@ from websockets.exceptions import InvalidStatus
 from server.agent.openai_chat import OpenAIChat
 from server.settings import Settings, normalized_origin
 from server.startup_errors import settings_problems
-from tests.harness import joined, running_server, ws_client
+from tests.harness import free_port, joined, running_server, ws_client
 
 API_KEY = "sk-proj-AbCdEf1234567890"
-
-
-def port_in_range() -> int:
-    """A free loopback port in 27000-27999 (a range kept for this file's listeners)."""
-    for port in random.sample(range(27000, 28000), 1000):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 27000-27999")
 
 
 def start(*prelude: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -45,7 +32,7 @@ def start(*prelude: str, **env: str) -> subprocess.CompletedProcess[str]:
             and k != "OPENAI_API_KEY"}
     code = "\n".join([*prelude, "import runpy", "runpy.run_module('server', "
                       "run_name='__main__', alter_sys=True)"])
-    env = {"COWRITE_JWT_SECRET": "s" * 40, "COWRITE_PORT": str(port_in_range()), **env}
+    env = {"COWRITE_JWT_SECRET": "s" * 40, "COWRITE_PORT": str(free_port()), **env}
     return subprocess.run([sys.executable, "-c", code], env={**keep, **env},
                           capture_output=True, text=True, timeout=60)
 
@@ -173,6 +160,13 @@ def test_tracing_without_its_package_is_one_line(hidden: str, env: dict[str, str
     ("https://app.example:8443", "https://app.example:8443"),
     ("http://[::1]:5173/", "http://[::1]:5173"),
     ("http://bücher.example", "http://xn--bcher-kva.example"),
+    # as Chromium sends them (UTS #46 non-transitional; canonical IP addresses): these
+    # entries never matched a real browser's Origin
+    ("https://straße.de", "https://xn--strae-oqa.de"),
+    ("https://faß.example", "https://xn--fa-hia.example"),
+    ("http://[0:0:0:0:0:0:0:1]:4000", "http://[::1]:4000"),
+    ("http://127.1:3000", "http://127.0.0.1:3000"),
+    ("http://[::ffff:127.0.0.1]", "http://[::ffff:7f00:1]"),
     ("app.example", None), ("localhost:3000", None), ("*", None), ("null", None),
     ("https://app.example/editor", None), ("https://app.example/?a=1", None),
     ("https://app.example#top", None), ("https://user:pw@app.example", None),
@@ -192,7 +186,7 @@ def test_an_entry_that_is_no_origin_is_named_by_its_place(
 
 async def test_origins_match_whatever_their_case_or_trailing_slash() -> None:
     allowed = "http://localhost:3000/, HTTP://App.Example:8443"
-    async with running_server(allowed_origins=allowed, port=port_in_range()) as srv:
+    async with running_server(allowed_origins=allowed, port=free_port()) as srv:
         for origin in ("http://localhost:3000", "http://app.example:8443",
                        "HTTP://APP.example:8443"):  # browsers send lower case; others may not
             async with joined(srv, origin=origin):
@@ -212,6 +206,30 @@ async def test_origins_match_whatever_their_case_or_trailing_slash() -> None:
         assert info.value.response.status_code == 403
 
 
+async def test_http_adapters_answer_cross_origin_requests() -> None:
+    """A frontend on another origin (a Next.js app on :3000 using the AI SDK or AG-UI)
+    got 405 to its preflight: without a same-origin proxy it could not call cowrite."""
+    async with running_server(allowed_origins="http://localhost:3000") as srv, \
+            httpx.AsyncClient() as http:
+        url = f"http://127.0.0.1:{srv.settings.port}/v1/ai-sdk/doc-1/chat"
+        asked = {"access-control-request-method": "POST",
+                 "access-control-request-headers": "authorization, content-type"}
+        preflight = await http.options(url, headers={"origin": "http://localhost:3000",
+                                                     **asked})
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] == "http://localhost:3000"
+        assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+        elsewhere = await http.options(url, headers={"origin": "http://evil.example", **asked})
+        assert "access-control-allow-origin" not in elsewhere.headers
+        answered = await http.post(url, json={}, headers={"origin": "http://localhost:3000"})
+        assert answered.status_code == 401  # no token: refused, but readable by the page
+        assert answered.headers["access-control-allow-origin"] == "http://localhost:3000"
+    async with running_server() as srv, httpx.AsyncClient() as http:  # no list: any origin
+        tools = await http.get(f"http://127.0.0.1:{srv.settings.port}/v1/tools",
+                               headers={"origin": "https://app.example"})
+        assert tools.headers["access-control-allow-origin"] == "*"
+
+
 # --- the model server's answer to the warm-up -----------------------------------------
 
 @contextlib.asynccontextmanager
@@ -228,7 +246,7 @@ async def answering(status: int) -> AsyncIterator[int]:
             await writer.drain()
         writer.close()
 
-    port = port_in_range()
+    port = free_port()
     server = await asyncio.start_server(answer, "127.0.0.1", port)
     try:
         yield port
