@@ -201,8 +201,11 @@ async def test_an_unexpected_failure_is_a_json_500_with_a_ref(
     url = f"{server.http}/v1/agui/edge-500"
     with caplog.at_level(logging.ERROR, "cowrite.http"):
         async with httpx.AsyncClient() as http:
-            answer = await _post(http, url, orjson.dumps(_agui_input()))
+            answer = await _post(http, url, orjson.dumps(_agui_input()),
+                                 {**_auth(), "origin": "http://localhost:3000"})
     assert answer.status_code == 500
+    # readable by a page on another origin (it read "Failed to fetch", a disconnect)
+    assert answer.headers["access-control-allow-origin"] == "*"
     body = answer.json()
     assert body["code"] == "internal" and body["message"].startswith("internal error (ref ")
     assert "secret" not in answer.text

@@ -126,4 +126,14 @@ async def internal_error(request: Request, exc: Exception) -> Response:
     ref = new_ref()
     logger.error("unexpected error answering %s %s (ref %s): %s", request.method,
                  request.url.path, ref, type(exc).__name__)
-    return HttpFailure(ErrorCode.INTERNAL, f"internal error (ref {ref})", status=500).response()
+    response = HttpFailure(ErrorCode.INTERNAL, f"internal error (ref {ref})",
+                           status=500).response()
+    # Answered outside the CORS middleware: its headers here, or a page on another
+    # origin reads "Failed to fetch" (the AI SDK: a disconnect) instead of this error.
+    origin = request.headers.get("origin")
+    settings = request.app.state.services.settings
+    if origin is not None and settings.origin_allowed(origin):
+        response.headers["access-control-allow-origin"] = \
+            "*" if not settings.allowed_origins else origin
+        response.headers["vary"] = "Origin"
+    return response
