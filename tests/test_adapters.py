@@ -160,3 +160,34 @@ async def test_agui_frontend_tool_and_finish(server: Server) -> None:
         done = await watcher.recv_until("tool.done")
         assert done["output"] == {"text": "doc"}
         assert (await watcher.recv_until("run.finished"))["run_id"] == "agui-run-1"
+
+
+async def test_ai_sdk_resume_does_not_ask_for_an_answered_client_tool_again(
+        server: Server) -> None:
+    """A resume replays the run from its start, and the SDK calls `onToolCall` for every
+    `tool-input-available` it reads: the frontend ran an answered tool a second time
+    (a tool that inserts text inserted it twice). The replay rebuilds that part from its
+    input chunks and its output instead."""
+    prompt = script({"say": "Reading.", "tool_calls": [call("read_document")]},
+                    {"say": "x" * 30}, chunk_chars=1, delay_ms=40)
+    url = f"{server.http}/v1/ai-sdk/doc-r/chat"
+    async with httpx.AsyncClient() as http:
+        _, chunks = await sse(http, "POST", url, {
+            "id": "cr", "messages": [user_message(prompt)], "tools": [READ]})
+        asked = next(c for c in chunks if c != "[DONE]" and c["type"] == "tool-input-available")
+        assistant = {"id": chunks[0]["messageId"], "role": "assistant", "parts": [
+            {"type": "tool-read_document", "toolCallId": asked["toolCallId"],
+             "state": "output-available", "input": {}, "output": {"text": "hi"}}]}
+        async with http.stream("POST", url, headers=AUTH, timeout=15, json={
+                "id": "cr", "messages": [user_message(prompt), assistant], "tools": [READ]}
+                ) as answering:
+            lines = answering.aiter_lines()
+            while "text-delta" not in await anext(lines):  # the next step streams...
+                pass
+            status, replayed = await sse(http, "GET", f"{url}/cr/stream")  # ...the tab resumes
+        assert status == 200
+        of_call = [c["type"] for c in replayed if c != "[DONE]"
+                   and c.get("toolCallId") == asked["toolCallId"]]
+        assert of_call == ["tool-input-start", "tool-input-delta", "tool-output-available"]
+        assert "".join(c["delta"] for c in replayed if c != "[DONE]"
+                       and c["type"] == "text-delta") == "Reading." + "x" * 30

@@ -29,7 +29,7 @@ from protocol.base import DEFAULT_THREAD, THREAD_ID_PATTERN
 from protocol.client import RunContext, RunOptions, RunStart, ToolSpec
 from protocol.codes import ErrorCode
 from protocol.server import Error
-from server.adapters.ai_sdk_chunks import AiSdkTranslator, Chunk
+from server.adapters.ai_sdk_chunks import AiSdkTranslator, Chunk, answered_calls, asks_again
 from server.adapters.chat import ChatRun, ChatRuns
 from server.adapters.http import (
     HttpFailure,
@@ -153,9 +153,19 @@ async def _sse(chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
     yield b"data: [DONE]\n\n"
 
 
-def _stream(run: ChatRun[Chunk], start: int) -> Response:
-    return StreamingResponse(_sse(run.follow(start)), media_type="text/event-stream",
+def _stream(run: ChatRun[Chunk], start: int, replay: bool = False) -> Response:
+    chunks = run.follow(start)
+    if replay:  # a resume: the run from its start, without asking for answered calls again
+        chunks = _without_answered_calls(chunks, answered_calls(run.items))
+    return StreamingResponse(_sse(chunks), media_type="text/event-stream",
                              headers=STREAM_HEADERS)
+
+
+async def _without_answered_calls(chunks: AsyncIterator[Chunk], answered: frozenset[str]
+                                  ) -> AsyncIterator[Chunk]:
+    async for chunk in chunks:
+        if not asks_again(chunk, answered):
+            yield chunk
 
 
 async def post_chat(request: Request) -> Response:
@@ -194,4 +204,4 @@ async def get_chat_stream(request: Request) -> Response:
                            "shortly", retry_after_ms=1000).response()
     if run is None:
         return Response(status_code=204)
-    return _stream(run, 0)
+    return _stream(run, 0, replay=True)

@@ -22,6 +22,7 @@ run whose tools all had their outputs looked like one waiting for them to be
 sent, and the chat sent again, into a 409.
 """
 
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -172,3 +173,20 @@ class AiSdkTranslator:
             return [*chunks, {"type": "abort", "reason": why}]
         text = f"run {why}" + (f" ({event.error.message})" if event.error else "")
         return [*chunks, {"type": "error", "errorText": text}, *self._finish("error")]
+
+
+ANSWERED = frozenset({"tool-output-available", "tool-output-error", "tool-output-denied"})
+
+
+def answered_calls(chunks: Sequence[Chunk]) -> frozenset[str]:
+    """The calls whose outcome `chunks` already show."""
+    return frozenset(str(c.get("toolCallId")) for c in chunks if c.get("type") in ANSWERED)
+
+
+def asks_again(chunk: Chunk, answered: frozenset[str]) -> bool:
+    """A replayed `tool-input-available` of a client call that has its outcome: the SDK
+    calls `onToolCall` for every one it reads, so a resume (which replays the run from
+    its start) ran the frontend's tool a second time. Left out of a replay, the part is
+    still rebuilt whole from its input chunks and its output."""
+    return chunk.get("type") == "tool-input-available" and not chunk.get("providerExecuted") \
+        and str(chunk.get("toolCallId")) in answered
