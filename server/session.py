@@ -25,18 +25,15 @@ from protocol.server import (
     DurableServerEvent,
     Limits,
     MessageDelta,
-    RunSnapshot,
     Welcome,
 )
 from server.backends.base import (
     Backend,
     BackendUnavailable,
     LoggedEvent,
-    LogHead,
     ResumeFailure,
     UnloggableEvent,
     encode_event_body,
-    run_ended_in_log,
 )
 from server.connection import Connection
 from server.log_groups import CheckpointWrite, append_group
@@ -168,7 +165,7 @@ class DocumentSession:
             resumed=hello.resume is not None and failure is None,
             resume_failed=failure,
             replayed=len(replay),
-            active_run=await self._unless_ended(await self.runs.snapshot(conn.user_id), head),
+            active_run=await self.runs.snapshot(conn.user_id),
             queued_runs=await self.runs.queued(),
             limits=self.limits,
             features=self.features,
@@ -177,15 +174,6 @@ class DocumentSession:
         conn.outbound.begin(_Frame("welcome", welcome.to_json().decode()), start_seq, replay)
         self.runs.presence_changed()
         return welcome
-
-    async def _unless_ended(self, run: RunSnapshot | None, head: LogHead) -> RunSnapshot | None:
-        """`run` unless the log up to `head` ends it: another instance frees its run's
-        record only after logging `run.finished`, and a tab joining here in between
-        (before that event came through pub/sub) was shown the run as active for good."""
-        if run is None or self.runs.drives(run.run_id):
-            return run
-        ended = await run_ended_in_log(self.backend, self.document_id, head, run.run_id)
-        return None if ended else run
 
     async def backfill(self, after: int, until: int) -> list[LoggedEvent] | None:
         """Events after..until of the log, for a writer filling a gap (None when

@@ -45,7 +45,7 @@ from server.agent.steps import (
 )
 from server.agent.takeover import TakeoverMixin
 from server.agent.work import now_ms
-from server.backends.base import BackendUnavailable
+from server.backends.base import BackendUnavailable, run_ended_in_log
 from server.connection import Peer
 from server.ports import EventLog, LocalPresence
 
@@ -87,6 +87,13 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
         record = await self._remote_record()
         if record is None or record.get("run_id") in self._seen_ended:
             return None
+        # Its `run.finished` may be logged already and not yet come through pub/sub
+        # (the owner frees the record just after): then the log says so.
+        with contextlib.suppress(BackendUnavailable):
+            if await run_ended_in_log(self.env.registry, self.document_id,
+                                      str(record.get("run_id"))):
+                self.saw_run_end(str(record.get("run_id")))
+                return None
         fields = {k: v for k, v in record.items() if k in RunSnapshot.model_fields}
         if for_user != record.get("user_id"):
             fields["pending"] = [{k: v for k, v in item.items() if k != "token"}

@@ -273,11 +273,11 @@ ENDED_LOOKBACK = 64
 logging `run.finished`, so only the few events logged in between can follow it."""
 
 
-async def run_ended_in_log(backend: "Backend", document_id: str, head: LogHead,
-                           run_id: str) -> bool:
-    """Whether `run.finished` of `run_id` is among the last events up to `head`."""
-    tail = await backend.read_after(document_id, head.epoch,
-                                    max(0, head.last_seq - ENDED_LOOKBACK), head.last_seq)
+async def run_ended_in_log(registry: RunRegistry, document_id: str, run_id: str) -> bool:
+    """Whether `run.finished` of `run_id` is among the document's last events."""
+    head = await registry.head(document_id)
+    tail = await registry.read_after(document_id, head.epoch,
+                                     max(0, head.last_seq - ENDED_LOOKBACK), head.last_seq)
     return isinstance(tail, list) and any(
         event.type == "run.finished" and orjson.loads(event.frame).get("run_id") == run_id
         for event in tail)
