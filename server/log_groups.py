@@ -2,7 +2,7 @@
 
 A group is logged in order; after its first event, an outage is retried for a
 while, so a group is not left half logged by a blip. A group that carries its
-decision's checkpoint (`CheckpointWrite`, Redis) is written with it in one
+decision's checkpoint (`DecisionCheckpoint`, Redis) is written with it in one
 atomic step: an owner killed between writing the checkpoint and logging the
 events used to leave a survivor a run whose announcements were never logged.
 Kept apart from session.py, which holds the fan-out and the delta merging.
@@ -24,7 +24,7 @@ class LeaseNotHeld(Exception):
     or Redis lost the run): none of the group was logged."""
 
 
-class CheckpointWrite(Protocol):
+class DecisionCheckpoint(Protocol):
     """A decision's checkpoint as the run's lease prepares it (`RunLease.decision_write`)."""
 
     def begin(self) -> tuple[dict[str, Any], float, RunParts | None]:
@@ -37,7 +37,7 @@ class CheckpointWrite(Protocol):
 
 
 async def append_group(backend: Backend, document_id: str, wires: list[dict[str, Any]],
-                       checkpoint: CheckpointWrite | None = None) -> None:
+                       checkpoint: DecisionCheckpoint | None = None) -> None:
     if checkpoint is not None:
         try:
             record, lease_s, parts = checkpoint.begin()

@@ -18,7 +18,7 @@ from protocol.client import ClientMessage, EditorChange
 from protocol.server import DurableServerEvent, FinishedStatus, RunSnapshot
 from server.backends.base import RunRegistry
 from server.connection import Peer
-from server.log_groups import CheckpointWrite
+from server.log_groups import DecisionCheckpoint
 from server.tools.catalog import ServerToolSpec, ToolInvocation
 from server.tools.config import Workflow
 from server.tools.context import ToolContext
@@ -28,7 +28,7 @@ class EventLog(Protocol):
     """The document's durable event log, as a run publishes to it."""
 
     async def publish_many(self, events: Sequence[DurableServerEvent],
-                           checkpoint: CheckpointWrite | None = None) -> None:
+                           checkpoint: DecisionCheckpoint | None = None) -> None:
         """Log `events` in order (with `checkpoint`, written in the same step). Raises
         `BackendUnavailable` or `UnloggableEvent` when the first event could not be
         logged (then none was), `LeaseNotHeld` when the checkpoint was refused."""

@@ -36,7 +36,7 @@ from server.backends.base import (
     encode_event_body,
 )
 from server.connection import Connection
-from server.log_groups import CheckpointWrite, append_group
+from server.log_groups import DecisionCheckpoint, append_group
 from server.outbound import _Frame
 from server.ports import RunHandler
 
@@ -231,7 +231,7 @@ class DocumentSession:
             return await self.backend.append(self.document_id, event.to_wire())
 
     async def publish_many(self, events: Sequence[DurableServerEvent],
-                           checkpoint: CheckpointWrite | None = None) -> None:
+                           checkpoint: DecisionCheckpoint | None = None) -> None:
         """Log `events` as one group, in order (after any delta held back for merging).
 
         Either the whole group is logged or, if the first event could not be, none

@@ -20,7 +20,7 @@ from server.agent.run_state import PendingCall, RunState
 from server.agent.tools import ToolBox
 from server.backends.base import RunMovedOn
 from server.backends.redis import RedisBackend
-from server.log_groups import CheckpointWrite
+from server.log_groups import DecisionCheckpoint
 from server.observability import Metrics
 from server.ports import EventLog
 from tests.redis_support import redis_process
@@ -90,7 +90,7 @@ class Recorded:
         self.deltas: list[str] = []
 
     async def publish_many(self, events: Sequence[DurableServerEvent],
-                           checkpoint: CheckpointWrite | None = None) -> None:
+                           checkpoint: DecisionCheckpoint | None = None) -> None:
         raise AssertionError("not used here")
 
     async def publish_delta(self, run_id: str, message_id: str, delta: str) -> None:
@@ -120,7 +120,7 @@ class Logged:
         self.events: list[DurableServerEvent] = []
 
     async def publish_many(self, events: Sequence[DurableServerEvent],
-                           checkpoint: CheckpointWrite | None = None) -> None:
+                           checkpoint: DecisionCheckpoint | None = None) -> None:
         assert checkpoint is None, "a failed driver's last resort writes no checkpoint"
         self.events.extend(events)
 

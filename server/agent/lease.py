@@ -15,11 +15,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from protocol.server import DurableServerEvent
-from server.agent.checkpoint_parts import Written, split_checkpoint
+from server.agent.checkpoint_parts import CheckpointWrite, Written, split_checkpoint
 from server.agent.environment import RunEnvironment
 from server.agent.run_state import RunState
 from server.backends.base import BackendUnavailable, RunMovedOn, RunParts, cancel_requested
-from server.log_groups import CheckpointWrite
+from server.log_groups import DecisionCheckpoint
 from server.ports import EventLog
 
 logger = logging.getLogger("cowrite.agent")
@@ -101,27 +101,40 @@ class RunLease:
         self.announcing = state
         return DecisionWrite(self, state)
 
-    async def _write(self, state: RunState) -> bool:
+    def prepare(self, state: RunState
+                ) -> tuple[dict[str, Any], RunParts | None, CheckpointWrite | None]:
+        """The record to write for `state` and the checkpoint parts added since the last
+        write, with the split that `wrote` notes once they are written."""
         record = state.to_record(self.env.instance_id)
-        parts: RunParts | None = None
+        if not self.env.settings.durable_runs:  # off: the record only (no takeover possible)
+            return record, None, None
+        split = split_checkpoint(state, self._written)
+        record["checkpoint"] = split.checkpoint
+        return record, RunParts(split.entries, split.reset), split
+
+    def wrote(self, split: CheckpointWrite | None, written: bool | None) -> None:
+        """The bookkeeping of a write: done (the lease is confirmed, the parts counted),
+        refused (nothing changes) or unknown (None: rewrite the parts whole next time)."""
+        if written is None:
+            self._written = Written()
+        elif written:
+            self._confirmed = time.monotonic()
+            if split is not None:
+                self._written = split.written
+
+    async def _write(self, state: RunState) -> bool:
         try:
-            if self.env.settings.durable_runs:  # off: the record only (no takeover possible)
-                write = split_checkpoint(state, self._written)
-                record["checkpoint"] = write.checkpoint
-                parts = RunParts(write.entries, write.reset)
+            record, parts, split = self.prepare(state)
             renewed = await self.env.registry.renew_run(state.document_id, record,
                                                         self.env.settings.run_lease_s, parts)
         except BackendUnavailable:
-            self._written = Written()  # whether the parts were appended is unknown: rewrite
+            self.wrote(None, None)  # whether the parts were appended is unknown
             return True  # the renewal loop keeps trying; the lease still runs
         except (TypeError, ValueError):  # content the encoder refuses (the decision that
             logger.warning("checkpoint skipped: it cannot be encoded",  # carries it is
                            extra={"run_id": state.run_id})  # refused when it is logged)
             return True
-        if renewed:
-            self._confirmed = time.monotonic()
-            if parts is not None:
-                self._written = write.written
+        self.wrote(split, renewed)
         return renewed
 
     async def still_held(self, state: RunState) -> bool:
@@ -180,33 +193,21 @@ class RunLease:
 
 
 class DecisionWrite:
-    """A `CheckpointWrite` (server/log_groups.py): the record and the parts added since
-    the last write, computed for each attempt; the lease's bookkeeping follows what
-    was written, as in `RunLease._write`."""
+    """A `DecisionCheckpoint` (server/log_groups.py): the lease's record and parts for the
+    decision's state, prepared again for each attempt, under one write id."""
 
     def __init__(self, lease: RunLease, state: RunState) -> None:
         self._lease, self._state = lease, state
-        self._split: Any = None
+        self._split: CheckpointWrite | None = None
         self.write_id = uuid.uuid4().hex[:16]  # the same for every attempt (idempotence)
 
     def begin(self) -> tuple[dict[str, Any], float, RunParts | None]:
-        lease, state = self._lease, self._state
-        record = {**state.to_record(lease.env.instance_id), "write": self.write_id}
-        parts: RunParts | None = None
-        if lease.env.settings.durable_runs:
-            self._split = split_checkpoint(state, lease._written)
-            record["checkpoint"] = self._split.checkpoint
-            parts = RunParts(self._split.entries, self._split.reset)
-        return record, lease.env.settings.run_lease_s, parts
+        record, parts, self._split = self._lease.prepare(self._state)
+        record["write"] = self.write_id
+        return record, self._lease.env.settings.run_lease_s, parts
 
     def end(self, written: bool | None) -> None:
-        lease = self._lease
-        if written is None:
-            lease._written = Written()  # whether the parts were appended is unknown
-        elif written:
-            lease._confirmed = time.monotonic()
-            if self._split is not None:
-                lease._written = self._split.written
+        self._lease.wrote(self._split, written)
 
 
 class FencedLog:
@@ -219,7 +220,7 @@ class FencedLog:
         self._log, self._lease, self._current = log, lease, current
 
     async def publish_many(self, events: Sequence[DurableServerEvent],
-                           checkpoint: CheckpointWrite | None = None) -> None:
+                           checkpoint: DecisionCheckpoint | None = None) -> None:
         await self._log.publish_many(events, checkpoint)
 
     async def publish_delta(self, run_id: str, message_id: str, delta: str) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from protocol.codes import ErrorCode
 from server.agent.work import new_ref
 from server.backends.base import BackendUnavailable, UnloggableEvent
-from server.log_groups import CheckpointWrite, LeaseNotHeld
+from server.log_groups import DecisionCheckpoint, LeaseNotHeld
 from server.ports import EventLog
 
 logger = logging.getLogger("cowrite.agent")
@@ -33,7 +33,7 @@ class PublishFailed(Exception):
 
 
 async def try_publish(log: EventLog, events: tuple[Any, ...], extra: Mapping[str, Any],
-                      checkpoint: CheckpointWrite | None = None
+                      checkpoint: DecisionCheckpoint | None = None
                       ) -> tuple[ErrorCode, str] | None:
     """Log `events` once; None, or the error to answer the sender with. `LeaseNotHeld`
     (the checkpoint's) is raised: the run is not this instance's any more. A write with
@@ -65,7 +65,7 @@ async def try_publish(log: EventLog, events: tuple[Any, ...], extra: Mapping[str
 
 
 async def publish_retrying(log: EventLog, events: tuple[Any, ...], retry_s: float,
-                           extra: Mapping[str, Any], checkpoint: CheckpointWrite | None = None
+                           extra: Mapping[str, Any], checkpoint: DecisionCheckpoint | None = None
                            ) -> None:
     """Log a committed decision's events (with its checkpoint), retrying a backend
     outage for `retry_s`."""
