@@ -1,19 +1,34 @@
 """The Lua scripts of the Redis backend: each runs atomically on one document's
 keys (or the lease set), so seq, fan-out and run ownership need no locks."""
 
-_INIT = """
-local epoch = redis.call('HGET', KEYS[1], 'epoch')
+
+
+def _init(meta: str, log: str, fresh: str) -> str:
+    """The document's epoch (`epoch`), the log started under `fresh` if it has none."""
+    return f"""
+local epoch = redis.call('HGET', {meta}, 'epoch')
 if not epoch then
-  epoch = ARGV[1]
-  redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[1], 'epoch', epoch, 'last_seq', 0)
+  epoch = {fresh}
+  redis.call('DEL', {log})
+  redis.call('HSET', {meta}, 'epoch', epoch, 'last_seq', 0)
 end
 """
-APPEND_LUA = _INIT + """
-local seq = redis.call('HINCRBY', KEYS[1], 'last_seq', 1)
-local frame = ARGV[2] .. ',"seq":' .. seq .. ',"ts":' .. ARGV[3] .. '}'
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], seq .. '-1', 't', ARGV[5], 'f', frame)
-redis.call('PUBLISH', ARGV[6], epoch .. ' ' .. seq .. ' ' .. ARGV[5] .. ' ' .. frame)
+
+
+def _append(body: str, kind: str, ts: str, maxlen: str, channel: str,
+            meta: str = "KEYS[1]", log: str = "KEYS[2]") -> str:
+    """One event: its seq (`seq`), its frame (`frame`) in the log, published live as
+    `epoch seq type frame` (redis_fanout.py reads that)."""
+    return f"""
+local seq = redis.call('HINCRBY', {meta}, 'last_seq', 1)
+local frame = {body} .. ',"seq":' .. seq .. ',"ts":' .. {ts} .. '}}'
+redis.call('XADD', {log}, 'MAXLEN', '~', {maxlen}, seq .. '-1', 't', {kind}, 'f', frame)
+redis.call('PUBLISH', {channel}, epoch .. ' ' .. seq .. ' ' .. {kind} .. ' ' .. frame)
+"""
+
+
+_INIT = _init("KEYS[1]", "KEYS[2]", "ARGV[1]")
+APPEND_LUA = _INIT + _append("ARGV[2]", "ARGV[5]", "ARGV[3]", "ARGV[4]", "ARGV[6]") + """
 return {epoch, seq, frame}
 """
 HEAD_LUA = _INIT + """
@@ -55,18 +70,29 @@ redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
 redis.call('SET', KEYS[3], ARGV[4])
 return false
 """
-RENEW_RUN_LUA = """
+# The run is this instance's (`current`: its record), else 0.
+_HELD = """
 local active = redis.call('GET', KEYS[1])
-if not active or cjson.decode(active)['run_id'] ~= ARGV[4] then return 0 end
+if not active then return 0 end
+local current = cjson.decode(active)
+if current['run_id'] ~= ARGV[4] then return 0 end
 if redis.call('GET', KEYS[3]) ~= ARGV[5] then return 0 end
+"""
+
+
+def _renew(first_part: str, last_part: str) -> str:
+    """The record, the lease, and the parts in ARGV[first_part..last_part]."""
+    return f"""
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
 if ARGV[6] == '1' then redis.call('DEL', KEYS[4]) end
-for i = 7, #ARGV, 1000 do
-  redis.call('RPUSH', KEYS[4], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+for i = {first_part}, {last_part}, 1000 do
+  redis.call('RPUSH', KEYS[4], unpack(ARGV, i, math.min(i + 999, {last_part})))
 end
-return 1
 """
+
+
+RENEW_RUN_LUA = _HELD + _renew("7", "#ARGV") + "return 1\n"
 # A decision's checkpoint (RENEW_RUN_LUA's write, its parts counted by ARGV[8]) and
 # the events that announce it (APPEND_LUA's, for each (body, type) pair after the
 # four common arguments at ARGV[9 + n]) in one step: an owner killed between the two
@@ -74,34 +100,16 @@ return 1
 # saw, so the call timed out after a takeover). 0 when the lease is not held; 1 when
 # this write (ARGV[7], the record's `write`) is already done: a retry after a reply
 # that was lost logs nothing twice.
-RENEW_AND_APPEND_LUA = """
-local active = redis.call('GET', KEYS[1])
-if not active then return 0 end
-local current = cjson.decode(active)
-if current['run_id'] ~= ARGV[4] then return 0 end
-if redis.call('GET', KEYS[3]) ~= ARGV[5] then return 0 end
+RENEW_AND_APPEND_LUA = _HELD + """
 if current['write'] == ARGV[7] then return 1 end
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
-if ARGV[6] == '1' then redis.call('DEL', KEYS[4]) end
 local last_part = 8 + tonumber(ARGV[8])
-for i = 9, last_part, 1000 do
-  redis.call('RPUSH', KEYS[4], unpack(ARGV, i, math.min(i + 999, last_part)))
-end
+""" + _renew("9", "last_part") + """
 local base = last_part + 1
-local epoch = redis.call('HGET', KEYS[5], 'epoch')
-if not epoch then
-  epoch = ARGV[base]
-  redis.call('DEL', KEYS[6])
-  redis.call('HSET', KEYS[5], 'epoch', epoch, 'last_seq', 0)
-end
+""" + _init("KEYS[5]", "KEYS[6]", "ARGV[base]") + """
 local out = {epoch}
 for i = base + 4, #ARGV, 2 do
-  local seq = redis.call('HINCRBY', KEYS[5], 'last_seq', 1)
-  local frame = ARGV[i] .. ',"seq":' .. seq .. ',"ts":' .. ARGV[base + 1] .. '}'
-  redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[base + 2], seq .. '-1', 't', ARGV[i + 1],
-             'f', frame)
-  redis.call('PUBLISH', ARGV[base + 3], epoch .. ' ' .. seq .. ' ' .. ARGV[i + 1] .. ' ' .. frame)
+""" + _append("ARGV[i]", "ARGV[i + 1]", "ARGV[base + 1]", "ARGV[base + 2]", "ARGV[base + 3]",
+              "KEYS[5]", "KEYS[6]") + """
   table.insert(out, seq)
   table.insert(out, frame)
 end
