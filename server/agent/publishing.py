@@ -41,13 +41,15 @@ async def try_publish(log: EventLog, events: tuple[Any, ...], extra: Mapping[str
     may be what was lost, and it is idempotent, so the retry tells whether it happened
     (the sender was told to retry a write that had happened, and its retry logged a
     second `tool.done`)."""
-    deadline = time.monotonic() + (OUTCOME_RETRY_S if checkpoint is not None else 0.0)
-    delay = 0.05
-    while True:
+    deadline, delay = 0.0, 0.05  # the deadline is read on the first outage only: every
+    while True:  # client answer passes here
         try:
             await log.publish_many(events, checkpoint)
             return None
         except BackendUnavailable:
+            if checkpoint is None:
+                break
+            deadline = deadline or time.monotonic() + OUTCOME_RETRY_S
             if time.monotonic() > deadline:
                 break
             await asyncio.sleep(delay)

@@ -222,15 +222,24 @@ class RunRouter:
                     await self._dispatch(message)
                 elif _answers_a_call(message) and self._runs_here(
                         str(message.get("document_id", "")), str(message["message"]["run_id"])):
-                    # taken once applied (`_answers_a_call`), unless a successor replayed
-                    # it while this instance was stalled (it read the entry, then stopped)
+                    # unless a successor replayed it while this instance was stalled (it
+                    # read the entry, then stopped)
                     if await self._unread(entry_id):
-                        await self._dispatch(message)
-                        await self._claim(self.me, entry_id)
-                elif await self._claim(self.me, entry_id):
-                    await self._dispatch(message)
+                        await self._act(self.me, entry_id, message, applied_first=True)
+                else:
+                    await self._act(self.me, entry_id, message, applied_first=False)
             except Exception:
                 logger.exception("inbox message failed: %s", message.get("kind"))
+
+    async def _act(self, inbox: str, entry_id: str, message: dict[str, Any],
+                   applied_first: bool) -> None:
+        """Act on an inbox entry once: taken after it is applied (an answer to a call,
+        see `_answers_a_call`), or taken first and applied only when this instance won it."""
+        if applied_first:
+            await self._dispatch(message)
+            await self._claim(inbox, entry_id)
+        elif await self._claim(inbox, entry_id):
+            await self._dispatch(message)
 
     async def _unread(self, entry_id: str) -> bool:
         try:
@@ -255,11 +264,7 @@ class RunRouter:
                 if message.get("kind") == "reply" or message.get("document_id") != \
                         document_id or about != run_id:
                     continue
-                if _answers_a_call(message):
-                    await self._dispatch(message)
-                    await self._claim(owner, entry_id)
-                elif await self._claim(owner, entry_id):
-                    await self._dispatch(message)
+                await self._act(owner, entry_id, message, _answers_a_call(message))
 
     async def _dispatch(self, message: dict[str, Any]) -> None:
         kind, document_id = message.get("kind"), str(message.get("document_id", ""))
