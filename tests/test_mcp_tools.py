@@ -9,7 +9,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from server.tools.config import McpServerConfig
 from server.tools.context import ToolUnavailable
 from server.tools.mcp_source import McpConnection, McpTimings
 from tests.harness import free_port
+from tests.log_records import records_of
 from tests.mcp_fixture_server import build
 from tests.tool_support import FAST, catalog, file_says, tool_context, until
 
@@ -187,21 +188,11 @@ async def test_server_that_cannot_start_is_reported_and_calls_fail_cleanly() -> 
 
 async def test_a_missing_command_is_one_warning_naming_it_then_quiet() -> None:
     """It printed a 50-line traceback on every retry, without naming the command."""
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.DEBUG)
-    handler.emit = records.append  # type: ignore[method-assign,assignment]
-    logger = logging.getLogger("cowrite.tools")
-    logger.addHandler(handler)
-    level = logger.level
-    logger.setLevel(logging.DEBUG)
-    try:
+    with records_of("cowrite.tools") as records:
         fast = McpTimings(retry_min_s=0.05, retry_max_s=0.05)
         async with started_with('[[mcp]]\nname = "ghost"\ncommand = ["/nonexistent/ghost-mcp"]\n',
                                 fast):
             await asyncio.sleep(0.6)  # several retries
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
     down = [r for r in records if "mcp server ghost is down" in r.getMessage()]
     assert len(down) >= 3
     assert [r.levelno for r in down][:2] == [logging.WARNING, logging.DEBUG]
@@ -312,21 +303,9 @@ async def test_closing_near_the_connect_timeout_still_stops_the_server(
 
 
 
-@contextlib.contextmanager
-def mcp_log() -> Iterator[list[logging.LogRecord]]:
+def mcp_log() -> contextlib.AbstractContextManager[list[logging.LogRecord]]:
     """The records of cowrite.tools.mcp, debug level included."""
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.DEBUG)
-    handler.emit = records.append  # type: ignore[method-assign,assignment]
-    logger = logging.getLogger("cowrite.tools.mcp")
-    logger.addHandler(handler)
-    level = logger.level
-    logger.setLevel(logging.DEBUG)
-    try:
-        yield records
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
+    return records_of("cowrite.tools.mcp")
 
 
 def warnings_of(records: list[logging.LogRecord]) -> list[str]:

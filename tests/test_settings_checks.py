@@ -10,7 +10,7 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -21,6 +21,7 @@ from server.agent.openai_chat import OpenAIChat
 from server.settings import Settings, normalized_origin
 from server.startup_errors import settings_problems
 from tests.harness import free_port, joined, running_server, ws_client
+from tests.log_records import records_of
 
 API_KEY = "sk-proj-AbCdEf1234567890"
 
@@ -255,25 +256,9 @@ async def answering(status: int) -> AsyncIterator[int]:
         await server.wait_closed()
 
 
-@contextlib.contextmanager
-def agent_log() -> Iterator[list[logging.LogRecord]]:
+def agent_log() -> contextlib.AbstractContextManager[list[logging.LogRecord]]:
     """Records of `cowrite.agent` (the app's logging setup stops them reaching caplog)."""
-    records: list[logging.LogRecord] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record)
-
-    handler = Keep()
-    log = logging.getLogger("cowrite.agent")
-    level = log.level
-    log.addHandler(handler)
-    log.setLevel(logging.DEBUG)
-    try:
-        yield records
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(level)
+    return records_of("cowrite.agent")
 
 
 @pytest.mark.parametrize(("status", "path", "said"), [
