@@ -17,11 +17,14 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator, model_vali
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # Ranges of the settings (README's table says which take 0 and what it means). A float
-# that is not finite (`inf`, `nan`) is refused too: `int(inf * 1000)` raised mid-run.
+# that is not finite (`inf`, `nan`) is refused too: `int(inf * 1000)` raised mid-run; so
+# is a duration over a year: 1e17 s passed the start and then failed every tool call
+# (its deadline in ms no longer fits the 64 bits the wire and the checkpoint carry).
+MAX_SECONDS = 31_536_000.0
 Port = Annotated[int, Field(ge=0, le=65535)]  # 0: the OS picks one (the banner says which)
-Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]  # 0 would make no sense
-SecondsOrOff = Annotated[float, Field(ge=0, allow_inf_nan=False)]  # 0: documented meaning
-RateOrOff = SecondsOrOff  # 0: disabled
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]  # 0: no sense
+SecondsOrOff = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]  # 0: off
+RateOrOff = Annotated[float, Field(ge=0, allow_inf_nan=False)]  # 0: disabled
 Count = Annotated[int, Field(ge=1)]
 CountOrOff = Annotated[int, Field(ge=0)]  # 0: documented meaning (disables, no cap, none)
 
@@ -201,6 +204,8 @@ class Settings(BaseSettings):
             raise ValueError("COWRITE_OUTBOUND_QUEUE_MAX must be at least 16")
         if self.outbound_max_bytes < 16_384:
             raise ValueError("COWRITE_OUTBOUND_MAX_BYTES must be at least 16384")
+        if self.mcp_retry_min_s > self.mcp_retry_max_s:
+            raise ValueError("COWRITE_MCP_RETRY_MIN_S must not exceed COWRITE_MCP_RETRY_MAX_S")
         if self.max_json_depth < 0:
             raise ValueError("COWRITE_MAX_JSON_DEPTH must be 0 (orjson's limit) or more")
         if self.metrics_port is not None and self.metrics_port == self.port:

@@ -91,6 +91,9 @@ def test_out_of_range_settings_stop_the_start_one_line_each() -> None:
     ("COWRITE_CLOSE_TIMEOUT_S", "0", "greater than 0"),
     ("COWRITE_CLOSE_TIMEOUT_S", "nan", "finite number"),
     ("COWRITE_TOOL_TIMEOUT_S", "inf", "finite number"),
+    ("COWRITE_TOOL_TIMEOUT_S", "1e17", "less than or equal to 31536000"),
+    ("COWRITE_APPROVAL_TIMEOUT_S", "1e308", "less than or equal to 31536000"),
+    ("COWRITE_CLIENT_GRACE_S", "31536001", "less than or equal to 31536000"),
     ("COWRITE_RUN_TIMEOUT_S", "0", "greater than 0"),
     ("COWRITE_APPROVAL_TIMEOUT_S", "-1", "greater than 0"),
     ("COWRITE_SERVER_TOOL_TIMEOUT_S", "0", "greater than 0"),
@@ -109,6 +112,12 @@ def test_each_range_is_checked_and_names_its_variable(
         name: str, value: str, said: str, monkeypatch: pytest.MonkeyPatch) -> None:
     found = problems({name: value}, monkeypatch)
     assert len(found) == 1 and found[0].startswith(f"{name}: ") and said in found[0], found
+
+
+def test_mcp_retry_delays_must_be_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first delay longer than the longest one has no sensible reading: refused."""
+    found = problems({"COWRITE_MCP_RETRY_MIN_S": "60"}, monkeypatch)
+    assert len(found) == 1 and "COWRITE_MCP_RETRY_MIN_S must not exceed" in found[0], found
 
 
 def test_zero_keeps_its_documented_meaning(monkeypatch: pytest.MonkeyPatch) -> None:
