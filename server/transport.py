@@ -11,11 +11,26 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 logger = logging.getLogger("cowrite.transport")
 TRANSPORT_KEY = "cowrite.transport"
 DRAIN_POLL_S = 0.02
+
+
+@runtime_checkable
+class AbortableTransport(Protocol):
+    """What cowrite uses of a connection's transport. A structural type, not
+    `asyncio.WriteTransport`: uvloop's `TCPTransport` (what `python -m server`
+    runs on) subclasses none of asyncio's transport classes, so an `isinstance`
+    test against them silently turned the pre-hello frame limit, the handshake
+    cap's closes and the bounded close's abort off in production."""
+
+    def get_protocol(self) -> Any: ...
+    def is_closing(self) -> bool: ...
+    def get_write_buffer_size(self) -> int: ...
+    def close(self) -> None: ...
+    def abort(self) -> None: ...
 
 
 class TransportHandle:
@@ -36,13 +51,13 @@ class TransportHandle:
     def __call__(self, scope: Any, receive: Any, send: Any) -> Awaitable[None]:
         if scope["type"] == "websocket":
             transport = getattr(getattr(send, "__self__", None), "transport", None)
-            if isinstance(transport, asyncio.WriteTransport):
+            if isinstance(transport, AbortableTransport):
                 scope[TRANSPORT_KEY] = transport
         result: Awaitable[None] = self.app(scope, receive, send)
         return result
 
 
-async def finish_close(close: Awaitable[None], transport: asyncio.WriteTransport | None,
+async def finish_close(close: Awaitable[None], transport: AbortableTransport | None,
                        timeout_s: float) -> None:
     """Run `close` (which writes the close frame once the transport accepts
     writes) for at most `timeout_s`; then give the written bytes as long
