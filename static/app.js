@@ -282,18 +282,45 @@ function start(clientId) {
     if (ranges) scope.start(runId, ranges, editor.version);
     renderScope();
     try {
-      const ack = await client.startRun(run);
+      let ack;
+      for (;;) {
+        try {
+          ack = await client.startRun(run);
+          break;
+        } catch (error) {
+          // The run.start went out and the connection closed before its answer: the run
+          // may be going. Asked again with the same run id once connected, the server acks
+          // it `duplicate` (or starts it, if it never arrived).
+          if (error.code !== "connection_closed" || !(await reconnected())) throw error;
+        }
+      }
       if (ack.status === "queued") { scope.finish(runId); renderScope(); }
       return true;
     } catch (error) {
       transcript.notice(error.code === "too_large"
-        ? `document too large for a run: ${error.message}` : `could not start: ${error.message}`, true);
+        ? `the request (prompt + document) is too large for a run: ${error.message}`
+        : `could not start: ${error.message}`, true);
       transcript.stopTiming();
       scenarioRuns.delete(runId);
       scope.finish(runId);
       renderScope();
       return false;
     }
+  }
+
+  /** True at the client's next open state; false if it stops (closed) first. */
+  function reconnected() {
+    if (client.state === "open" || client.state === "closed") {
+      return Promise.resolve(client.state === "open");
+    }
+    return new Promise((resolve) => {
+      const listener = ({ detail }) => {
+        if (detail.state !== "open" && detail.state !== "closed") return;
+        client.removeEventListener("state", listener);
+        resolve(detail.state === "open");
+      };
+      client.addEventListener("state", listener);
+    });
   }
 
   /** The "scoped run" checkbox: the selection (if any) as the scope, on_edit "overlap". */

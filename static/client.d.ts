@@ -94,6 +94,14 @@ export declare function backoffDelay(attempt: number, options?: BackoffOptions):
 export declare function frameTooLarge(text: string, limit: number | undefined):
   (Error & { code: "too_large"; size: number; limit: number }) | null;
 
+/**
+ * JSON text (JSON.stringify's output) with each escaped lone surrogate (`\ud83d`: half a
+ * character, from a string cut at a UTF-16 index) replaced by `\ufffd`, as
+ * `String.prototype.toWellFormed` would; the server refuses a frame holding one. `send`
+ * applies it to every frame.
+ */
+export declare function wellFormedJson(text: string): string;
+
 /** A range `[from, to)` of the document in JavaScript string units (`0 <= from <= to`). */
 export interface ScopeRange {
   from: number;
@@ -323,8 +331,10 @@ export interface EditorChangeOptions {
 /**
  * How the promises of `send(..., true)` and the run helpers reject: with the
  * server's `error` event in `event`, or without it when the connection was not
- * open or closed before the answer, or with `code` "too_large" (nothing sent) for a
- * frame over `welcome.limits.max_message_bytes`, or "unsupported".
+ * open (`code` "not_connected", nothing sent) or closed before the answer (`code`
+ * "connection_closed": the message may have been carried out; retry a run with the
+ * same `runId`), or with `code` "too_large" (nothing sent) for a frame over
+ * `welcome.limits.max_message_bytes`, or "unsupported".
  */
 export type CowriteRequestError = Error & { event?: ErrorEvent; code?: string };
 
@@ -382,8 +392,11 @@ export declare class CowriteClient extends EventTarget {
   cancelRun(runId: string, reason?: string): Promise<AckEvent>;
   approve(runId: string, callId: string, how?: ApproveOptions): Promise<AckEvent>;
   reject(runId: string, callId: string, reason?: string): Promise<AckEvent>;
-  /** Report an edit (not acknowledged; dropped when the connection is not open). */
-  editorChange(change?: EditorChangeOptions): undefined;
+  /**
+   * Report an edit (not acknowledged). True when sent; false when the connection is not
+   * open: the edit is kept and sent after the next welcome, before anything else.
+   */
+  editorChange(change?: EditorChangeOptions): boolean;
   /** Replace the connection's token (same user) before it expires. */
   refreshAuth(token: string): Promise<AckEvent>;
 

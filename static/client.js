@@ -14,6 +14,10 @@
 // event it has already seen, answers `tool.call`s addressed to its client_id
 // with the registered handlers (once per call, even across reconnects), and
 // emits one DOM event per server event type plus "state" and "event".
+// A replayed tool.call runs only once the replay is in, and only if the resumed
+// welcome's active_run still lists it (it may have timed out or been cancelled while
+// this client was away). Edits reported while the connection is not open are sent
+// after the next welcome; every frame is sent as well-formed Unicode (wellFormedJson).
 //
 // The refused-upgrade rule. A browser cannot see why a WebSocket upgrade
 // failed: an HTTP 404 (a document id the server rejects), a 403 (an Origin it
@@ -82,6 +86,9 @@ const MAX_EDITS = 2000;
 /** Heartbeat: silence for 2 intervals and this long means the path is dead. */
 const HEARTBEAT_SLACK_MS = 5000;
 
+/** A run's status while it is active or waits in line (an ack's `status`). */
+const ACTIVE_STATUSES = new Set(["running", "waiting_tool", "waiting_approval", "queued"]);
+
 const encoder = new TextEncoder();
 
 /**
@@ -95,6 +102,23 @@ export function frameTooLarge(text, limit) {
   if (size <= limit) return null;
   return Object.assign(new Error(`the message is ${size} bytes; the server takes at most ` +
     `${limit} (welcome.limits.max_message_bytes)`), { code: "too_large", size, limit });
+}
+
+/** One JSON escape; groups: an escaped high surrogate (and the low one after it), a lone low one. */
+const JSON_ESCAPE = /\\(?:u(d[89ab][0-9a-f]{2})(\\ud[c-f][0-9a-f]{2})?|u(d[c-f][0-9a-f]{2})|u[0-9a-f]{4}|[^u])/g;
+
+/**
+ * `text` (JSON.stringify's output) with every lone surrogate replaced by U+FFFD, as
+ * `String.prototype.toWellFormed` would have it. A string cut at a UTF-16 index can end
+ * in half an emoji ("Hi 😀".slice(0, 4)); JSON.stringify writes that half as the escape
+ * `\ud83d`, which is not Unicode, and the server refuses the whole frame (invalid_message).
+ * Well-formed text, escaped pairs and other escapes are returned as they are.
+ * @param {string} text
+ */
+export function wellFormedJson(text) {
+  if (!text.includes("\\ud")) return text;
+  return text.replace(JSON_ESCAPE, (escape, high, low, lone) =>
+    (high && !low) || lone ? "\\ufffd" : escape);
 }
 
 /** Close codes of PROTOCOL.md section 7. */
@@ -229,7 +253,15 @@ export class CowriteClient extends EventTarget {
     this.beatDue = 0;
     /** when the last heartbeat ping was sent (its pong, ts rounded, is not dispatched) */
     this.pingAt = -Infinity;
-    /** {run, upTo}: welcome.active_run's calls, run once the replay up to `upTo` is in */
+    /**
+     * After a welcome, until its replay (events up to `upTo`; 0 unless resumed) is in: `held`, the
+     * replayed tool.calls addressed to this client (call_id -> event), run then only when
+     * `pending` (welcome.active_run's tool calls) still lists them; `run`, this client's
+     * active run, whose pending calls not replayed are rebuilt from it.
+     * `known`: the runs the welcome lists (active, queued), for `unsettledRuns`.
+     * @type {{run: RunSnapshot|null, pending: Set<string>, known: Set<string|undefined>,
+     *   upTo: number, held: Map<string, ToolCallEvent>}|null}
+     */
     this.afterReplay = null;
     this.counter = 0;
     /** the latest document version reported with editorChange (or set by the app) */
@@ -240,6 +272,15 @@ export class CowriteClient extends EventTarget {
     this.editsFloor = null;
     /** @type {Map<string, {scope: import("./edits.js").ScopeRange[]|null, version: unknown}>} */
     this.runScopes = new Map();
+    /** editorChange calls made while the connection was not open, sent after the next welcome */
+    this.unsentEdits = [];
+    /**
+     * Runs whose run.start was sent but whose answer was lost with the connection: the run
+     * may be going (its scope is kept), or may never have reached the server. The next
+     * welcome (once its replay is in) settles them.
+     * @type {Set<string>}
+     */
+    this.unsettledRuns = new Set();
   }
 
   /** True when the server announced this protocol 1.1 feature in `welcome.features`. */
@@ -281,10 +322,12 @@ export class CowriteClient extends EventTarget {
   /** Send a message; with `expectReply`, resolve with its ack or reject with its error. */
   send(message, expectReply = false) {
     if (!this.ws || this.ws.readyState !== 1) {
-      return expectReply ? Promise.reject(new Error("not connected")) : undefined;
+      return expectReply
+        ? Promise.reject(Object.assign(new Error("not connected"), { code: "not_connected" }))
+        : undefined;
     }
     const id = expectReply ? message.id ?? `m${++this.counter}` : undefined;
-    const text = JSON.stringify(expectReply ? { ...message, id } : message);
+    const text = wellFormedJson(JSON.stringify(expectReply ? { ...message, id } : message));
     const tooLarge = frameTooLarge(text, this.welcome?.limits?.max_message_bytes);
     if (tooLarge && expectReply) return Promise.reject(tooLarge);
     if (tooLarge) throw tooLarge; // sent, it would close the connection for good (1009)
@@ -326,10 +369,20 @@ export class CowriteClient extends EventTarget {
           ...(ifBusy === undefined ? {} : { if_busy: ifBusy }) };
     this.runScopes.set(id, { scope: fullContext?.scope ?? null,
                              version: fullContext?.document?.version ?? this.documentVersion });
+    this.unsettledRuns.delete(id);
     const sent = this.send({ type: "run.start", run_id: id, mode, prompt, context: fullContext,
                              options: fullOptions, tools: tools ?? this.toolSpecs(),
                              thread_id: threadId, workflow }, true);
-    sent.catch(() => this.runScopes.delete(id)); // refused: no run to protect
+    sent.then((ack) => {
+      // A retry of a run that has finished meanwhile (its run.finished came first).
+      if (ack.duplicate && !ACTIVE_STATUSES.has(ack.status)) this.#forgetRun(id);
+    }, (error) => {
+      // Sent, and the connection closed before the answer: the run may be going (retry
+      // with this runId after the next open state). Otherwise the server refused it, or
+      // nothing was sent: no run to protect.
+      if (error?.code === "connection_closed") this.unsettledRuns.add(id);
+      else this.#forgetRun(id);
+    });
     return sent;
   }
 
@@ -353,12 +406,25 @@ export class CowriteClient extends EventTarget {
    * otherwise), "agent" (tool edits) never does. `changes` ([{from, to, insert}], see
    * diffChange) are sent only to a server that supports `edit_scope`; they are kept
    * either way, with `documentVersion`, for the stale-call rule.
+   * Returns true when sent; false when the connection is not open: the edit is then
+   * kept and sent after the next welcome (consecutive ones of an origin as one message).
    */
   editorChange({ origin = "user", documentVersion, summary, changes } = {}) {
     this.#record({ version: documentVersion, origin, changes: changes ?? null });
-    const withChanges = changes !== undefined && this.supports("edit_scope");
-    return this.send({ type: "editor.change", origin, document_version: documentVersion,
-                       summary, ...(withChanges ? { changes } : {}) });
+    const edit = { origin, documentVersion, summary, changes };
+    if (this.state !== "open" || this.ws?.readyState !== 1) {
+      const last = this.unsentEdits.at(-1);
+      if (last?.origin === origin) { // changes apply in order: one message holds them all
+        last.changes = last.changes && changes && [...last.changes, ...changes];
+        last.documentVersion = documentVersion;
+        last.summary = summary ?? last.summary;
+      } else {
+        this.unsentEdits.push({ ...edit, changes: changes && [...changes] });
+      }
+      return false;
+    }
+    this.#sendEdit(edit);
+    return true;
   }
 
   refreshAuth(token) {
@@ -366,6 +432,17 @@ export class CowriteClient extends EventTarget {
   }
 
   // -- internals ---------------------------------------------------------------
+  #sendEdit({ origin, documentVersion, summary, changes }) {
+    const message = { type: "editor.change", origin, document_version: documentVersion, summary };
+    const withChanges = changes !== undefined && this.supports("edit_scope");
+    try {
+      this.send(withChanges ? { ...message, changes } : message);
+    } catch (error) { // too_large: so many changes; without them, it touches everything
+      if (!withChanges) throw error;
+      this.send(message);
+    }
+  }
+
   #record(edit) {
     if (edit.version !== undefined) this.documentVersion = edit.version;
     if (this.runScopes.size === 0) return; // no run of ours to protect: keep nothing
@@ -391,8 +468,15 @@ export class CowriteClient extends EventTarget {
   #trackRun(event) {
     if (event.type === "run.scope") {
       this.runScopes.set(event.run_id, { scope: event.scope ?? null, version: event.document_version });
-    } else if (event.type === "run.finished" && this.runScopes.delete(event.run_id) &&
-               this.runScopes.size === 0) {
+    } else if (event.type === "run.finished") {
+      this.#forgetRun(event.run_id);
+    }
+  }
+
+  /** The run is over (or never was): its scope goes; with no run left, the edits too. */
+  #forgetRun(runId) {
+    this.unsettledRuns.delete(runId);
+    if (this.runScopes.delete(runId) && this.runScopes.size === 0) {
       this.edits = [];
       this.editsFloor = null;
     }
@@ -404,6 +488,7 @@ export class CowriteClient extends EventTarget {
     for (const runId of this.runScopes.keys()) {
       if (runId !== active?.run_id) this.runScopes.delete(runId);
     }
+    this.unsettledRuns.clear();
     for (const callId of this.results.keys()) if (!pending.has(callId)) this.results.delete(callId);
     for (const callId of this.executing) if (!pending.has(callId)) this.executing.delete(callId);
     if (this.runScopes.size === 0) {
@@ -461,7 +546,9 @@ export class CowriteClient extends EventTarget {
     this.ws = null;
     this.clearTimer(this.beatTimer);
     this.afterReplay = null;
-    for (const { reject } of this.waiting.values()) reject(new Error("connection closed"));
+    for (const { reject } of this.waiting.values()) {
+      reject(Object.assign(new Error("connection closed"), { code: "connection_closed" }));
+    }
     this.waiting.clear();
   }
 
@@ -532,9 +619,11 @@ export class CowriteClient extends EventTarget {
       this.welcome = event;
       this.seq.onWelcome(event);
       if (!event.resumed) this.#forgetLostRuns(event.active_run);
+      // Edits made while away come first: they happened before anything sent from now on.
+      for (const edit of this.unsentEdits.splice(0)) this.#sendEdit(edit);
       this.#setState("open", { resumed: event.resumed, resumeFailed: event.resume_failed });
       this.#emit(event);
-      this.#resumeToolCalls(event.active_run, event.resumed ? event.last_seq : 0);
+      this.#resumeToolCalls(event);
       return;
     }
     if (event.type === "pong" && event.ts === Math.round(this.pingAt)) return; // the heartbeat's
@@ -550,6 +639,12 @@ export class CowriteClient extends EventTarget {
     if (event.type === "tool.done") {
       this.results.delete(event.call_id);
       this.executing.delete(event.call_id); // done: never called again
+      this.afterReplay?.held.delete(event.call_id);
+    }
+    if (event.type === "run.finished" && this.afterReplay) {
+      for (const [callId, call] of this.afterReplay.held) {
+        if (call.run_id === event.run_id) this.afterReplay.held.delete(callId);
+      }
     }
     if (event.type === "error" && (event.code === "unavailable" || event.code === "rate_limited")) {
       this.#retryResult(event);
@@ -558,7 +653,13 @@ export class CowriteClient extends EventTarget {
     this.#emit(event);
     if (event.type === "tool.call" && event.executor === "client" &&
         event.client_id === this.clientId) {
-      this.#execute(event);
+      // Replayed after a resume: it may have ended (timeout, cancel) while this client was
+      // away, which a later replayed event or welcome.active_run says. Held until then.
+      if (this.afterReplay && event.seq <= this.afterReplay.upTo) {
+        this.afterReplay.held.set(event.call_id, event);
+      } else {
+        this.#execute(event);
+      }
     }
     if (this.afterReplay && typeof event.seq === "number") this.#runRebuiltCalls();
   }
@@ -578,24 +679,38 @@ export class CowriteClient extends EventTarget {
     }, error.retry_after_ms ?? 1000);
   }
 
-  /** After a reconnect: resend results the server may have missed; run calls not yet run,
-   * once the replay (events up to `upTo`) is in: a replayed tool.call carries the
-   * document_version the stale-call rule needs, which `active_run.pending` lacks. */
-  #resumeToolCalls(run, upTo) {
-    if (!run || run.client_id !== this.clientId) return;
-    for (const item of run.pending) {
+  /** After a welcome: resend results the server may have missed; run the calls still
+   * pending once the replay (events up to `welcome.last_seq`, after a resume) is in. A
+   * replayed tool.call runs then, only if `active_run.pending` still lists it (it may have
+   * timed out or been cancelled while this client was away); a pending call that was not
+   * replayed is rebuilt from `active_run` (a replayed tool.call is preferred: it carries
+   * the document_version the stale-call rule needs, which `active_run.pending` lacks). */
+  #resumeToolCalls(welcome) {
+    const active = welcome.active_run ?? null;
+    const run = active && active.client_id === this.clientId ? active : null;
+    for (const item of run?.pending ?? []) {
       const result = item.kind === "tool" && this.results.get(item.call_id);
       if (result) this.send(result);
     }
-    this.afterReplay = { run, upTo };
+    const pending = new Set((active?.pending ?? [])
+      .filter((item) => item.kind === "tool").map((item) => item.call_id));
+    const known = new Set([active?.run_id, ...(welcome.queued_runs ?? []).map((q) => q.run_id)]);
+    this.afterReplay = { run, pending, known, upTo: welcome.resumed ? welcome.last_seq : 0,
+                         held: new Map() };
     this.#runRebuiltCalls();
   }
 
   #runRebuiltCalls() {
-    const { run, upTo } = this.afterReplay;
+    const { run, pending, known, upTo, held } = this.afterReplay;
     if (this.seq.lastSeq < upTo) return;
     this.afterReplay = null;
-    for (const item of run.pending) {
+    // A run whose run.start lost its answer, neither active nor queued now (nor finished in
+    // the replay, which forgot it): it never reached the server. Unless retried meanwhile.
+    for (const runId of this.unsettledRuns) if (!known.has(runId)) this.#forgetRun(runId);
+    for (const call of held.values()) {
+      if (pending.has(call.call_id)) this.#execute(call);
+    }
+    for (const item of run?.pending ?? []) {
       if (item.kind !== "tool" || !item.token || this.executing.has(item.call_id) ||
           this.results.has(item.call_id)) continue;
       this.#execute({ type: "tool.call", run_id: run.run_id, call_id: item.call_id,

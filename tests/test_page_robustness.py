@@ -136,13 +136,30 @@ async def test_a_document_over_the_frame_limit_is_refused_and_the_tab_stays_conn
     await page.locator("#editor").evaluate(
         "(area, text) => { area.value = text; area.dispatchEvent(new Event('input')); }", big)
     await submit(page, "tidy up")
-    await expect(transcript(page).last).to_contain_text("document too large for a run")
+    await expect(transcript(page).last).to_contain_text(
+        "the request (prompt + document) is too large for a run")
     await page.fill("#editor", "Short again.")
     await submit(page, scripted("Fits."))
     await expect(transcript(page).last).to_contain_text("run completed")
     await expect(page.locator("#status b")).to_have_text("connected")
     assert len(tab.sockets) == 1
     assert tab.problems == []
+
+
+async def test_a_prompt_over_the_frame_limit_is_not_blamed_on_the_document(
+    browser: "Browser",
+) -> None:
+    async with running_server(make_settings(dev=True, max_message_bytes=8000)) as srv:
+        tab = await open_tab(browser, srv, "rb-long-prompt", extra="&keep=0")
+        page = tab.page
+        await page.fill("#editor", "Short.")
+        await submit(page, "please " * 1500)  # about 10 kB of prompt, 6 bytes of document
+        await expect(transcript(page).last).to_contain_text(
+            "the request (prompt + document) is too large for a run")
+        await expect(transcript(page).last).not_to_contain_text("document too large")
+        assert await page.locator("#prompt").input_value() == "please " * 1500  # kept to edit
+        await expect(page.locator("#status b")).to_have_text("connected")
+        assert tab.problems == []
 
 
 # -- a run that moves to another instance (Redis) --------------------------------------------

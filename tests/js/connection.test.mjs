@@ -9,6 +9,7 @@ import http from "node:http";
 import os from "node:os";
 import path from "node:path";
 import fs from "node:fs";
+import * as api from "../../static/client.js";
 import { CowriteClient } from "../../static/client.js";
 
 class Fake {
@@ -361,6 +362,24 @@ test("a result for a call that ended meanwhile is reported, neither kept nor sen
   assert.deepEqual(results(ws).map((r) => r.output), ["on time"]);
 });
 
+test("a result holding half an emoji is sent well-formed (U+FFFD), as the server accepts it", async () => {
+  const { client, ws } = await opened();
+  const raw = [];
+  const send = ws.send.bind(ws);
+  ws.send = (text) => { raw.push(text); send(text); };
+  const cut = "Hi 😀 there".slice(0, 4); // "Hi \ud83d": cut at a UTF-16 index
+  client.registerTool({ name: "t" }, () => ({ text: cut, whole: "ok 😀", path: "C:\\ud83d",
+                                               [`k${"😀".slice(1)}`]: 1 }));
+  ws.serverSend(call("c1", { seq: 1 }));
+  await tick();
+  const [result] = results(ws);
+  assert.deepEqual(result.output, { text: "Hi \uFFFD", whole: "ok 😀", path: "C:\\ud83d", "k\uFFFD": 1 });
+  // The server (orjson) refuses the escape of a lone surrogate: "no low surrogate in string".
+  assert.ok(!/(^|[^\\])(\\\\)*\\ud[89a-f]/i.test(raw.at(-1)), raw.at(-1));
+  assert.equal(api.wellFormedJson(JSON.stringify(["\ud83d\ude00", "😀".slice(0, 1) + "x"])),
+    '["😀","\\ufffdx"]');
+});
+
 // -- 7. state events and the clock ------------------------------------------------------------
 
 test("one reconnecting state per retry, one closed state per close; tool.executed ms from `now`", async () => {
@@ -412,4 +431,161 @@ test("after a resume, a pending call runs from its replayed tool.call, so the st
       { kind: "tool", call_id: "c2", name: "t", arguments: {}, token: "T", expires_at: 0 }] } });
   await tick();
   assert.equal(ran, 1);
+});
+
+test("a replayed tool.call that timed out or was cancelled while the client was away is not run", async () => {
+  const { client, timers, ws } = await opened();
+  const ran = [];
+  client.registerTool({ name: "t" }, (args, c) => { ran.push(c.call_id); return "edited"; });
+  ws.serverSend({ type: "run.started", seq: 1, run_id: "r", client_id: "tab-1" });
+  ws.serverClose(1006);
+  timers.shift().fn();
+  await tick();
+  // Away for longer than the tool timeout: the run ended; no run is active now.
+  const again = Fake.all[1];
+  again.serverSend({ type: "welcome", epoch: "E", last_seq: 4, resumed: true, replayed: 3 });
+  again.serverSend(call("c1", { seq: 2, document_version: 1 }));
+  await tick();
+  assert.deepEqual(ran, [], "held until the replay is in");
+  again.serverSend({ type: "tool.done", seq: 3, run_id: "r", call_id: "c1", status: "timeout" });
+  again.serverSend({ type: "run.finished", seq: 4, run_id: "r", status: "timed_out" });
+  await tick();
+  assert.deepEqual(ran, [], "its tool.done came in the replay");
+  assert.deepEqual(results(again), []);
+  assert.equal(client.executing.size, 0);
+
+  // Cancelled from another tab: the replay ends with the call's tool.done; another run is active.
+  again.serverClose(1006);
+  timers.shift().fn();
+  await tick();
+  const third = Fake.all[2];
+  third.serverSend({ type: "welcome", epoch: "E", last_seq: 8, resumed: true, replayed: 4,
+    active_run: { run_id: "r2", client_id: "tab-2", pending: [] } });
+  third.serverSend({ type: "run.started", seq: 5, run_id: "q", client_id: "tab-1" });
+  third.serverSend(call("c2", { seq: 6, run_id: "q" }));
+  third.serverSend({ type: "tool.done", seq: 7, run_id: "q", call_id: "c2", status: "cancelled" });
+  third.serverSend({ type: "run.started", seq: 8, run_id: "r2", client_id: "tab-2" });
+  await tick();
+  assert.deepEqual(ran, []);
+  assert.deepEqual(results(third), []);
+
+  // A replayed call whose run finished in the replay without its own tool.done.
+  third.serverClose(1006);
+  timers.shift().fn();
+  await tick();
+  const fourth = Fake.all[3];
+  fourth.serverSend({ type: "welcome", epoch: "E", last_seq: 10, resumed: true, replayed: 2 });
+  fourth.serverSend(call("c3", { seq: 9, run_id: "q2" }));
+  fourth.serverSend({ type: "run.finished", seq: 10, run_id: "q2", status: "cancelled" });
+  await tick();
+  assert.deepEqual(ran, []);
+
+  // Live tool.calls after the replay run at once.
+  fourth.serverSend(call("c4", { seq: 11 }));
+  await tick();
+  assert.deepEqual(ran, ["c4"]);
+});
+
+test("a replayed tool.call still pending in welcome.active_run runs once the replay is in", async () => {
+  const { client, timers, ws } = await opened();
+  const ran = [];
+  client.registerTool({ name: "t" }, (args, c) => { ran.push([c.call_id, c.seq]); return "ok"; });
+  ws.serverSend({ type: "run.started", seq: 1, run_id: "r", client_id: "tab-1" });
+  ws.serverClose(1006);
+  timers.shift().fn();
+  await tick();
+  const again = Fake.all[1];
+  again.serverSend({ type: "welcome", epoch: "E", last_seq: 3, resumed: true, replayed: 2,
+    active_run: { run_id: "r", client_id: "tab-1", pending: [
+      { kind: "tool", call_id: "c1", name: "t", arguments: {}, token: "T", expires_at: 0 }] } });
+  again.serverSend(call("c1", { seq: 2 }));
+  await tick();
+  assert.deepEqual(ran, []);
+  again.serverSend({ type: "message.delta", seq: 3, run_id: "r", delta: "x" });
+  await tick();
+  assert.deepEqual(ran, [["c1", 2]], "run from its replayed tool.call, once");
+  assert.deepEqual(results(again).map((r) => r.call_id), ["c1"]);
+});
+
+// -- 9. a run.start whose answer was lost ------------------------------------------------------
+
+test("a run.start whose ack was lost keeps the run's scope; only the server's refusal forgets it", async () => {
+  const { client, timers, ws } = await opened();
+  const doc = { text: "hello", version: 1 };
+  const started = client.startRun({ prompt: "p", runId: "r", context: { document: doc } });
+  ws.serverClose(1012); // the ack is lost with the connection
+  const error = await started.catch((e) => e);
+  assert.equal(error.code, "connection_closed");
+  assert.deepEqual([...client.runScopes.keys()], ["r"], "the run may be going: still protected");
+  timers.shift().fn();
+  await tick();
+  const again = Fake.all[1];
+  again.serverSend({ type: "welcome", epoch: "E", last_seq: 1, resumed: true, replayed: 1,
+    active_run: { run_id: "r", client_id: "tab-1", pending: [] } });
+  again.serverSend({ type: "run.started", seq: 1, run_id: "r", client_id: "tab-1" });
+  assert.deepEqual([...client.runScopes.keys()], ["r"], "it is going");
+  const retried = client.startRun({ prompt: "p", runId: "r", context: { document: doc } });
+  again.serverSend({ type: "ack", reply_to: again.sent.at(-1).id, run_id: "r", status: "running",
+                     duplicate: true });
+  assert.equal((await retried).duplicate, true);
+  assert.deepEqual([...client.runScopes.keys()], ["r"]);
+
+  // Refused by the server: forgotten at once.
+  const refused = client.startRun({ prompt: "p", runId: "busy", context: { document: doc } });
+  again.serverSend({ type: "error", reply_to: again.sent.at(-1).id, code: "document_busy", message: "busy" });
+  await assert.rejects(refused, /busy/);
+  assert.deepEqual([...client.runScopes.keys()], ["r"]);
+
+  // Lost on the way (the server never had it): forgotten once the next welcome's replay is in.
+  const lost = client.startRun({ prompt: "p", runId: "lost", context: { document: doc } });
+  again.serverClose(1006);
+  assert.equal((await lost.catch((e) => e)).code, "connection_closed");
+  timers.shift().fn();
+  await tick();
+  const third = Fake.all[2];
+  third.serverSend({ type: "welcome", epoch: "E", last_seq: 2, resumed: true, replayed: 1,
+    active_run: { run_id: "r", client_id: "tab-1", pending: [] } });
+  assert.deepEqual([...client.runScopes.keys()], ["r", "lost"], "not before the replay is in");
+  third.serverSend({ type: "message.delta", seq: 2, run_id: "r", delta: "x" });
+  assert.deepEqual([...client.runScopes.keys()], ["r"]);
+
+  // Retried after its run.finished came: the duplicate ack's status says it is over.
+  third.serverSend({ type: "run.finished", seq: 3, run_id: "r", status: "completed" });
+  const late = client.startRun({ prompt: "p", runId: "r", context: { document: doc } });
+  third.serverSend({ type: "ack", reply_to: third.sent.at(-1).id, run_id: "r", status: "completed",
+                     duplicate: true });
+  await late;
+  assert.deepEqual([...client.runScopes.keys()], []);
+});
+
+// -- 10. edits made while the connection is not open ----------------------------------------------
+
+test("editorChange while reconnecting is kept and sent after the next welcome, before anything else", async () => {
+  const { client, timers, ws } = await opened();
+  ws.serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: false, features: ["edit_scope"] });
+  assert.equal(client.editorChange({ documentVersion: 1, changes: [{ from: 0, to: 0, insert: 1 }] }), true);
+  ws.serverClose(1006); // the user types during a run while the page reconnects
+  assert.equal(client.editorChange({ documentVersion: 2, summary: "typing",
+                                     changes: [{ from: 1, to: 1, insert: 1 }] }), false);
+  client.editorChange({ documentVersion: 3, summary: "typing", changes: [{ from: 2, to: 2, insert: 1 }] });
+  client.editorChange({ origin: "agent", documentVersion: 4, changes: [] });
+  client.editorChange({ documentVersion: 5 }); // no changes: it touches everything
+  timers.shift().fn();
+  await tick();
+  const again = Fake.all[1];
+  assert.deepEqual(again.sent.map((m) => m.type), ["hello"], "nothing before the welcome");
+  let sentAtOpen = null;
+  client.addEventListener("state", () => { sentAtOpen ??= again.sent.length; });
+  again.serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: true, replayed: 0,
+                     features: ["edit_scope"] });
+  const edits = again.sent.filter((m) => m.type === "editor.change");
+  assert.deepEqual(edits, [
+    { type: "editor.change", origin: "user", document_version: 3, summary: "typing",
+      changes: [{ from: 1, to: 1, insert: 1 }, { from: 2, to: 2, insert: 1 }] },
+    { type: "editor.change", origin: "agent", document_version: 4, changes: [] },
+    { type: "editor.change", origin: "user", document_version: 5 },
+  ]);
+  assert.equal(sentAtOpen, 4, "sent before the open state's listeners send anything");
+  assert.deepEqual(client.unsentEdits, []);
+  assert.equal(client.editorChange({ documentVersion: 6 }), true);
 });
