@@ -306,3 +306,30 @@ async def test_ai_sdk_websocket_bounds_requests_in_flight(server: Server) -> Non
             await socket.next_for(f"s{index}", ("end",))
         await socket.send({"type": "resume", "requestId": "after", "id": "ws-chat"})
         assert (await socket.next_for("after", ("no-active", "error")))["type"] == "no-active"
+
+
+async def test_ai_sdk_websocket_answers_frames_refused_by_the_json_limits(server: Server
+                                                                         ) -> None:
+    """A `send` nested too deep or holding an integer beyond 64 bits (a tool output of
+    `JSON.stringify(1e19)`) was dropped as if it named no request: the transport's
+    request waited for ever. It gets `error` for its `requestId`, like the core socket."""
+    url = f"ws://127.0.0.1:{server.settings.port}/v1/ai-sdk/edge-ws3/ws?token={token('alice')}"
+    nested: Any = []
+    for _ in range(70):
+        nested = [nested]
+    async with ws_client(url) as client:
+        socket = _Transport(client)
+        await socket.send(_send_frame("deep", "hi", metadata=nested))
+        await socket.send_raw(orjson.dumps(_send_frame("big", "hi")).decode().replace(
+            '"trigger"', '"output":10000000000000000000,"trigger"'))
+        # beyond orjson's own depth limit nothing can be read: dropped, as before
+        await socket.send_raw('{"requestId": "x", "a": ' + "[" * 1100 + "]" * 1100 + "}")
+        deep = await socket.next_for("deep", ("error", "start"))
+        assert deep["errorText"] == \
+            "invalid_message: frame nests objects and arrays deeper than 64 levels"
+        big = await socket.next_for("big", ("error", "start"))
+        assert big["errorText"] == \
+            "invalid_message: frame holds an integer outside the signed 64-bit range"
+        await socket.send({**_send_frame("ok", script({"say": "Fine."})), "id": "other"})
+        assert (await socket.next_for("ok", ("start", "error")))["type"] == "start"
+        assert (await socket.next_for("ok", ("end", "error")))["type"] == "end"

@@ -2,12 +2,17 @@
 started through one instance is answered, followed and reconnected to through
 another (two real `python -m server` processes on one real redis-server)."""
 
+import asyncio
+import signal
 from typing import Any
 
 import httpx
 import pytest
 
 from bench.common import Proc
+from protocol.server import MessageDelta, MessageDiscarded
+from server.adapters.agui import AguiTranslator
+from server.adapters.ai_sdk_chunks import AiSdkTranslator
 from tests.adapter_support import sse, user_message
 from tests.cluster_support import FAST_LEASE, cluster, join, killed
 from tests.harness import token, ws_client
@@ -177,3 +182,60 @@ async def test_ai_sdk_chat_outlives_the_instance_that_started_it() -> None:
         finished = await watcher.recv_until("run.finished", timeout=TAKEOVER_S)
         assert finished["status"] == "completed"
         assert [e["type"] for e in watcher.events].count("tool.call") == 1
+
+
+async def test_a_handed_over_run_shows_its_answer_once() -> None:
+    """SIGTERM on the run's owner mid-text: the run is handed over and its model call
+    made again under a new message id, after `message.discarded`. A reconnect used to
+    replay the discarded partial text and then the whole text (shown twice), and a live
+    stream left the discarded part open until the run's end."""
+    prompt = script({"say": "".join(chr(65 + i % 26) for i in range(80))}, chunk_chars=1,
+                    delay_ms=50)
+    async with cluster() as (_, (one, two)), \
+            join(two, "doc-h", sub="bob", client_id="watcher") as (watcher, _), \
+            httpx.AsyncClient() as http:
+        posted = asyncio.create_task(sse(http, "POST", _chat(one, "doc-h"), {
+            "id": "chat5", "messages": [user_message(prompt)]}))
+        started = await watcher.recv_until("run.started")
+        await watcher.recv_until("message.delta")
+        live = asyncio.create_task(sse(http, "GET", f"{_chat(two, 'doc-h')}/chat5/stream"))
+        for _ in range(5):
+            await watcher.recv_until("message.delta")
+        one.process.send_signal(signal.SIGTERM)
+        discarded = await watcher.recv_until("message.discarded", timeout=TAKEOVER_S)
+        gone = discarded["message_id"]
+        status, replay = await sse(http, "GET", f"{_chat(two, 'doc-h')}/chat5/stream")
+        assert status == 200 and replay[0] == {"type": "start", "messageId": started["run_id"]}
+        assert not [c for c in replay if isinstance(c, dict) and c.get("id") == gone]
+        assert _text(replay) == (await watcher.recv_until("message.done"))["text"]
+        assert replay[-2:] == [{"type": "finish", "finishReason": "stop"}, "[DONE]"]
+        # The live follower: the discarded part ends there, the answer follows in a new one.
+        status, followed = await live
+        kinds = [(c["type"], c.get("id")) for c in followed if isinstance(c, dict)]
+        ended = kinds.index(("text-end", gone))
+        assert ended < min(i for i, (kind, text_id) in enumerate(kinds)
+                           if kind == "text-start" and text_id != gone)
+        assert followed[-2:] == [{"type": "finish", "finishReason": "stop"}, "[DONE]"]
+        # The frontend on the drained instance: an error telling it to reconnect.
+        status, first = await posted
+        assert status == 200 and first[-4]["errorText"].startswith(
+            "connection to the document lost (server shutting down")
+
+
+def test_a_live_stream_ends_the_discarded_message() -> None:
+    """What a live frontend sees of `message.discarded` (the run moved mid-text): the
+    discarded message ends; its text stays shown (neither protocol can take a part
+    back) and the answer follows in a new message."""
+    delta = MessageDelta(run_id="r", message_id="m1", delta="Hel")
+    gone = MessageDiscarded(run_id="r", message_id="m1")
+    again = MessageDelta(run_id="r", message_id="m1.r1", delta="Hello")
+    ai_sdk = AiSdkTranslator("r")
+    chunks = [c for e in (delta, gone, again) for c in ai_sdk.translate(e, False)[0]]
+    assert [(c["type"], c.get("id")) for c in chunks] == [
+        ("start-step", None), ("text-start", "m1"), ("text-delta", "m1"), ("text-end", "m1"),
+        ("text-start", "m1.r1"), ("text-delta", "m1.r1")]
+    assert ai_sdk.translate(gone, False) == ([], False)  # once
+    agui = AguiTranslator("t", "r")
+    events = [e.type for x in (delta, gone, again) for e in agui.translate(x, False)[0]]
+    assert events == ["TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END",
+                      "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT"]

@@ -14,7 +14,11 @@ approval ends the response with `RUN_FINISHED` `outcome: interrupt` (one
 interrupt, id = tool call id, reason `tool_approval`); the next input's
 `resume` entry answers it (`resolved` with `payload.approved`, or
 `cancelled` = reject). The run's end: `RUN_FINISHED`, or `RUN_ERROR`
-(`code` = status, e.g. `aborted:document_changed`).
+(`code` = status, e.g. `aborted:document_changed`). A response whose link the
+server closed (a drain, the document log reset) ends with `RUN_ERROR` (`code`
+`connection_lost`) while the run goes on. A run that moves to another instance
+mid-text ends the discarded message (`TEXT_MESSAGE_END`; its text stays) and
+streams the answer again as a new message.
 """
 
 from collections.abc import AsyncIterator
@@ -49,6 +53,7 @@ from protocol.server import (
     ApprovalRequested,
     Error,
     MessageDelta,
+    MessageDiscarded,
     MessageDone,
     RunFinished,
     ServerEvent,
@@ -112,6 +117,12 @@ class AguiTranslator:
             return [TextMessageStartEvent(message_id=event.message_id, role="assistant"),
                     TextMessageContentEvent(message_id=event.message_id, delta=event.text),
                     TextMessageEndEvent(message_id=event.message_id)], False
+        if isinstance(event, MessageDiscarded):  # its model call is made again: the text
+            # streamed so far stays shown (AG-UI cannot take it back) and is ended here
+            if event.message_id in self.open_texts:
+                self.open_texts.remove(event.message_id)
+                return [TextMessageEndEvent(message_id=event.message_id)], False
+            return [], False
         if isinstance(event, ToolCall):
             self.started_calls.add(event.call_id)
             events = [*self._close_texts(), *_call(event.call_id, event.name, event.arguments)]
@@ -146,6 +157,12 @@ class AguiTranslator:
                                                f" ({event.reason})" if event.reason else "")
             return [*events, RunErrorEvent(message=message, code=code)], True
         return [], False
+
+
+    def lost(self, message: str) -> list[BaseEvent]:
+        """The link was lost mid-response: `RUN_ERROR` (the cowrite run goes on; the
+        thread's next input answering its pending call adopts it again)."""
+        return [*self._close_texts(), RunErrorEvent(message=message, code="connection_lost")]
 
 
 def _call(call_id: str, name: str, arguments: dict[str, Any]) -> list[BaseEvent]:

@@ -29,7 +29,13 @@ from protocol.base import DEFAULT_THREAD, THREAD_ID_PATTERN
 from protocol.client import RunContext, RunOptions, RunStart, ToolSpec
 from protocol.codes import ErrorCode
 from protocol.server import Error
-from server.adapters.ai_sdk_chunks import AiSdkTranslator, Chunk, answered_calls, asks_again
+from server.adapters.ai_sdk_chunks import (
+    AiSdkTranslator,
+    Chunk,
+    answered_calls,
+    asks_again,
+    discarded_text,
+)
 from server.adapters.chat import ChatRun, ChatRuns
 from server.adapters.http import (
     HttpFailure,
@@ -154,17 +160,21 @@ async def _sse(chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
 
 
 def _stream(run: ChatRun[Chunk], start: int, replay: bool = False) -> Response:
-    chunks = run.follow(start)
-    if replay:  # a resume: the run from its start, without asking for answered calls again
-        chunks = _without_answered_calls(chunks, answered_calls(run.items))
+    chunks = replayed(run) if replay else run.follow(start)
     return StreamingResponse(_sse(chunks), media_type="text/event-stream",
                              headers=STREAM_HEADERS)
 
 
-async def _without_answered_calls(chunks: AsyncIterator[Chunk], answered: frozenset[str]
-                                  ) -> AsyncIterator[Chunk]:
-    async for chunk in chunks:
-        if not asks_again(chunk, answered):
+async def replayed(run: ChatRun[Chunk]) -> AsyncIterator[Chunk]:
+    """A resume: the run from its start, then live, without asking for answered calls
+    again (`asks_again`) nor the text of messages whose model call was made again
+    (`discarded_text`: the run moved to another instance), which showed it twice."""
+    answered = answered_calls(run.items)
+    translator = run.translator
+    discarded = translator.discarded if isinstance(translator, AiSdkTranslator) else set()
+    dropping: set[str] = set()
+    async for chunk in run.follow(0):
+        if not asks_again(chunk, answered) and not discarded_text(chunk, discarded, dropping):
             yield chunk
 
 

@@ -20,6 +20,13 @@ client's answer) open the step the run goes on in. The AI SDK's
 `sendAutomaticallyWhen`) looks at the last step only: without steps, a finished
 run whose tools all had their outputs looked like one waiting for them to be
 sent, and the chat sent again, into a 409.
+
+A run that moves to another instance (Redis) makes the model call that was
+streaming again under a new message id, after `message.discarded`: a live
+stream ends the discarded text part (`text-end`; the UI message stream has no
+chunk that removes a part, so its partial text stays above the new one), and
+a replay (a reconnect) leaves the discarded message out (`discarded_text`),
+so the rebuilt message holds the answer once.
 """
 
 from collections.abc import Sequence
@@ -31,6 +38,7 @@ from protocol.server import (
     ApprovalRequested,
     ApprovalResolved,
     MessageDelta,
+    MessageDiscarded,
     MessageDone,
     RunFinished,
     ServerEvent,
@@ -45,6 +53,7 @@ class AiSdkTranslator:
     def __init__(self, message_id: str) -> None:
         self.message_id = message_id
         self.open_texts: list[str] = []
+        self.discarded: set[str] = set()  # messages whose model call was made again
         self.shown_inputs: set[str] = set()  # calls whose input the client already has
         self.server_calls: set[str] = set()
         self.dynamic_calls: set[str] = set()  # shown as dynamic parts (static: the rest)
@@ -91,6 +100,12 @@ class AiSdkTranslator:
             return [*self._content(), {"type": "text-start", "id": event.message_id},
                     {"type": "text-delta", "id": event.message_id, "delta": event.text},
                     {"type": "text-end", "id": event.message_id}], False
+        if isinstance(event, MessageDiscarded):
+            self.discarded.add(event.message_id)
+            if event.message_id in self.open_texts:
+                self.open_texts.remove(event.message_id)
+                return [{"type": "text-end", "id": event.message_id}], False
+            return [], False
         if isinstance(event, ToolCall):
             return self._tool_call(event, ours)
         if isinstance(event, ApprovalRequested):
@@ -108,6 +123,12 @@ class AiSdkTranslator:
         if isinstance(event, RunFinished):
             return self._finished(event), True
         return [], False
+
+    def lost(self, message: str) -> list[Chunk]:
+        """The link was lost mid-segment: the frontend's stream fails (`useChat` shows
+        the error); its reconnect replays the run, which went on."""
+        return [*self._close_texts(), {"type": "error", "errorText": message},
+                *self._finish("error")]
 
     def _input(self, call_id: str, name: str, arguments: dict[str, Any],
                server: bool = False) -> list[Chunk]:
@@ -173,6 +194,21 @@ class AiSdkTranslator:
             return [*chunks, {"type": "abort", "reason": why}]
         text = f"run {why}" + (f" ({event.error.message})" if event.error else "")
         return [*chunks, {"type": "error", "errorText": text}, *self._finish("error")]
+
+
+TEXT_CHUNKS = frozenset({"text-start", "text-delta", "text-end"})
+
+
+def discarded_text(chunk: Chunk, discarded: set[str], dropping: set[str]) -> bool:
+    """Whether a replay leaves `chunk` out: text of a message in `discarded`. Decided at
+    the message's `text-start` (`dropping` holds the replay's decisions), so a message
+    discarded while a replay streams it is ended there, never cut off unended."""
+    if chunk.get("type") not in TEXT_CHUNKS:
+        return False
+    text_id = chunk.get("id")
+    if chunk["type"] == "text-start" and text_id in discarded:
+        dropping.add(str(text_id))
+    return text_id in dropping
 
 
 ANSWERED = frozenset({"tool-output-available", "tool-output-error", "tool-output-denied"})

@@ -3,15 +3,19 @@
 Client frames: `send` (the chat request of `POST .../chat`, its JWT in
 `headers.authorization` or the connection's `token` query parameter),
 `resume` (replays the chat's active run from its start, skipping up to
-`lastSequence`; `no-active` when there is none) and `abort` (stops the
-request's stream; a `send`'s also cancels its run, a `resume`'s does not).
+`lastSequence`; `no-active` when there is none; without `lastSequence`, what
+the transport sends, the replay is the SSE reconnect's: no answered call
+asked again, no discarded text) and `abort` (stops the request's stream; a
+`send`'s also cancels its run, a `resume`'s does not).
 Server frames: `start`, `chunk` (`sequence` from 0 per request), `end`,
 `error` (`errorText`), `no-active`.
 Each request streams in its own task; frames are written one at a time.
 Bad frames get `error` for their request (or are dropped when they name
-none); the socket stays open. At most `MAX_IN_FLIGHT` requests stream at
-once on one socket (the transport has one per chat it serves); one more is
-an `error` (`rate_limited`), not a task.
+none; a frame refused by the JSON limits, too deep or with an integer beyond
+64 bits, is answered for the `requestId` it holds); the socket stays open.
+At most `MAX_IN_FLIGHT` requests stream at once on one socket (the transport
+has one per chat it serves); one more is an `error` (`rate_limited`), not a
+task.
 """
 
 import asyncio
@@ -25,8 +29,8 @@ import orjson
 from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from protocol.parsing import decode_frame
-from server.adapters.ai_sdk import CHAT_ID, KIND, open_segment, parse_request
+from protocol.parsing import ParseFailure, decode_frame
+from server.adapters.ai_sdk import CHAT_ID, KIND, open_segment, parse_request, replayed
 from server.adapters.ai_sdk_chunks import AiSdkTranslator, Chunk
 from server.adapters.chat import ChatRun, ChatRuns
 from server.adapters.http import DOCUMENT_ID, HttpFailure, principal_for
@@ -95,10 +99,20 @@ class _Socket:
             request_id = frame.get("requestId") if isinstance(frame, dict) else None
             if not isinstance(frame, dict) or not isinstance(request_id, str) or \
                     not 0 < len(request_id) <= 128:
-                # no request id to answer; WebSocketChatTransport never sends these
                 if streak.record_invalid():
                     await self.ws.close(4400, "too many invalid frames in a row")
                     return
+                failure = frame if isinstance(frame, ParseFailure) else None
+                refused = _request_id_in(text) if failure is not None else None
+                if failure is not None and refused is not None:
+                    # Refused by the JSON limits (too deep, an integer beyond 64 bits; a
+                    # tool's output can hold either): answered, or the transport waited
+                    # for ever. Frames with no request id to answer are dropped:
+                    # WebSocketChatTransport never sends those.
+                    await self.write({"type": "error", "requestId": refused, "errorText":
+                                      "rate_limited: too many messages on this socket"
+                                      if bucket.take() else
+                                      f"{failure.code.value}: {failure.message}"})
                 continue
             streak.record_valid()
             if bucket.take():
@@ -171,7 +185,10 @@ class _Socket:
                 return
             self.request_runs[request_id] = run
             await self.write({"type": "start", "requestId": request_id})
-            await self._pump(request_id, run.follow(start), skip)
+            # A whole replay is renumbered from 0 (gapless): it may leave chunks out.
+            chunks = replayed(run) if frame["type"] == "resume" and not skip \
+                else run.follow(start)
+            await self._pump(request_id, chunks, skip)
             await self.write({"type": "end", "requestId": request_id})
         except HttpFailure as failure:
             await self.write({"type": "error", "requestId": request_id,
@@ -220,6 +237,18 @@ class _Socket:
         for task in list(self.tasks.values()):
             task.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+
+def _request_id_in(text: str | None) -> str | None:
+    """The `requestId` of a frame `decode_frame` refused, when it is JSON that has one
+    (nested too deep or holding an integer beyond 64 bits; orjson's own depth limit,
+    1024, or broken JSON: none)."""
+    try:
+        data = orjson.loads(text) if text is not None else None
+    except orjson.JSONDecodeError:
+        return None
+    request_id = data.get("requestId") if isinstance(data, dict) else None
+    return request_id if isinstance(request_id, str) and 0 < len(request_id) <= 128 else None
 
 
 async def ai_sdk_socket(ws: WebSocket) -> None:

@@ -15,7 +15,11 @@ the live segment: the AI SDK's `resumeStreamIsReplay` contract.
 
 The link stays attached while the run waits on the frontend, so the run's
 executor is present and the usual tool and approval timeouts, not the
-client grace period, bound the wait. It leaves when the run finishes.
+client grace period, bound the wait. It leaves when the run finishes, or
+when the engine closes it (the document log reset, a drain, events lost):
+then the live segment ends with an error (`Translator.lost`) and the
+instance forgets the `ChatRun`, so the frontend's next request (its
+reconnect, its answer) adopts the run again from the log.
 
 A request may reach an instance other than the one that started the chat's
 run (a load balancer that is not sticky): `ChatRuns.find` then rebuilds the
@@ -41,7 +45,7 @@ from protocol.server import (
     ToolDone,
 )
 from server.adapters.adoption import run_events
-from server.adapters.link import Answer, RunLink, new_message_id, parse_event
+from server.adapters.link import Answer, ResumeFailed, RunLink, new_message_id, parse_event
 from server.auth import Principal
 from server.redaction import frame_for_user
 from server.services import Services
@@ -61,6 +65,10 @@ class Translator(Protocol[Item]):
     def translate(self, event: ServerEvent, ours: bool) -> tuple[list[Item], bool]:
         """Items for one event of the run, and whether the segment ends with them.
         `ours`: a client tool call addressed to this adapter (the run's executor)."""
+        ...
+
+    def lost(self, message: str) -> list[Item]:
+        """Items that end a segment whose link the engine closed (the run goes on)."""
         ...
 
 
@@ -88,15 +96,17 @@ class ChatRun(Generic[Item]):
         self.segment_open = True
         self.pending: dict[str, Pending] = {}
         self.finished = False
+        self.gone = False  # the link was lost: this instance no longer follows the run
         self._wake = asyncio.Event()
         self._closer: asyncio.Task[None] | None = None
         self._answering = 0  # answers whose ack or error has not arrived yet
         self._answered = asyncio.Event()
         self.items.extend(translator.opening())
+        link.on_lost = self.lost
 
     # -- events from the link --------------------------------------------------------
     def on_event(self, event: ServerEvent) -> None:
-        if getattr(event, "run_id", None) != self.run_id or self.finished:
+        if getattr(event, "run_id", None) != self.run_id or self.finished or self.gone:
             return
         ours = False
         if isinstance(event, ToolCall) and event.executor == "client":
@@ -124,6 +134,20 @@ class ChatRun(Generic[Item]):
             self._closer = asyncio.get_running_loop().create_task(self._close())
         if ends:
             self.segment_open = False
+        self._notify()
+
+    def lost(self, reason: str) -> None:
+        """The engine closed the link (`RunLink.on_lost`): the run goes on without this
+        instance. The live segment ends with an error telling the frontend to reconnect,
+        and the chat is forgotten: its next request adopts the run again (adoption.py)."""
+        if self.finished or self.gone:
+            return
+        self.gone = True
+        if self.segment_open:
+            self.items.extend(self.translator.lost(
+                f"connection to the document lost ({reason}); reconnect"))
+            self.segment_open = False
+        self._on_done(self)
         self._notify()
 
     def _notify(self) -> None:
@@ -230,7 +254,7 @@ class ChatRuns:
     def get(self, kind: str, document_id: str, chat_id: str, user_id: str
             ) -> ChatRun[Any] | None:
         run = self.runs.get((kind, document_id, chat_id, user_id))
-        return None if run is None or run.finished else run
+        return None if run is None or run.finished or run.gone else run
 
     async def find(self, kind: str, document_id: str, chat_id: str, principal: Principal,
                    translator: Callable[[str], Translator[Item]]
@@ -302,6 +326,8 @@ class ChatRuns:
             raise
         if run.finished:
             return None
+        if run.gone:  # the engine closed the link meanwhile (it has left): a retry adopts
+            raise ResumeFailed("the link to the document closed while adopting the run")
         self.runs[key] = run
         logger.info("adapter run %s adopted from the log (%d events)", run_id, len(events),
                     extra=link.conn.log_context)
@@ -329,7 +355,7 @@ class ChatRuns:
                 return answer
             return Error(code=ErrorCode.INVALID_MESSAGE,
                          message=f"run {run_id!r} already exists; use a new run id")
-        if not run.finished:
+        if not run.finished and not run.gone:
             self.runs[key] = run
         return run
 

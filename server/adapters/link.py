@@ -9,6 +9,15 @@ Messages go to the session exactly as the WebSocket endpoint sends them, so
 admission, tokens, limits and the cluster link (a run owned by another
 instance answers through this instance's inbox, to this connection) are the
 engine's, not the adapter's.
+
+The engine may close the connection itself, as it closes a WebSocket: the
+document log reset (Redis lost it), the instance drains (SIGTERM), the log
+no longer holds events the writer missed. A WebSocket client then resumes;
+a link cannot, so when its writer ends without `close` the link closes
+itself (`_writer_ended`): its waiters get `unavailable`, it leaves the
+session (so it no longer counts as the run's executor, and a drain does not
+wait for it), and `on_lost` tells its owner (`ChatRun.lost`), which ends the
+stream with an error and lets the next request adopt the run again.
 """
 
 import asyncio
@@ -27,7 +36,7 @@ from protocol.server import SERVER_EVENT_ADAPTER, Ack, Error, ServerEvent, Welco
 from server.auth import Principal
 from server.backends.base import BackendUnavailable
 from server.connection import Connection
-from server.outbound import Outbound
+from server.outbound import CloseRequest, Outbound
 from server.services import Services
 from server.session import DocumentSession
 
@@ -53,6 +62,8 @@ class RunLink:
         self.services = services
         self.document_id = document_id
         self.on_event = on_event
+        self.on_lost: Callable[[str], None] = lambda _reason: None
+        """Called once if the engine closes the link (see module doc), with why."""
         self.session: DocumentSession = services.hub.get(document_id)
         self._waiting: dict[str, asyncio.Future[Answer]] = {}
         settings = services.settings
@@ -66,6 +77,7 @@ class RunLink:
             metrics=services.metrics,
             log_context={"document_id": document_id, "user_id": principal.user_id})
         self._writer: asyncio.Task[Any] | None = None
+        self._leaving: asyncio.Task[None] | None = None
         self.closed = False
         self.last_seq = 0  # of the last durable event handed to `on_event`
         self._caught_up: tuple[int, asyncio.Future[None]] | None = None
@@ -106,6 +118,7 @@ class RunLink:
         welcome = await self.session.join(self.conn, Hello(
             type="hello", client_id=self.conn.client_id, resume=resume))
         self._writer = asyncio.get_running_loop().create_task(self.outbound.run())
+        self._writer.add_done_callback(self._writer_ended)
         if after is None:
             return
         if welcome.resume_failed is not None:
@@ -127,6 +140,10 @@ class RunLink:
         The session answers through this link's writer, in order with the
         document's events, so the answer arrives after any event it caused."""
         assert message.id is not None
+        if self.closed:  # the engine closed the link: its answer could never arrive
+            return Error(code=ErrorCode.UNAVAILABLE, message="the adapter's link to the "
+                         "document closed; retry shortly", reply_to=message.id,
+                         retry_after_ms=1000)
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._waiting[message.id] = future
         try:
@@ -153,21 +170,51 @@ class RunLink:
         after `REPLY_TIMEOUT_S`: its answer can no longer arrive."""
         if self.closed:
             return
-        self.closed = True
-        for message_id, waiter in list(self._waiting.items()):
-            if not waiter.done():
-                waiter.set_result(Error(
-                    code=ErrorCode.UNAVAILABLE, message="the adapter's link to the document "
-                    "closed before the run answered; retry shortly", reply_to=message_id,
-                    retry_after_ms=1000))
+        self._end("the adapter's link to the document closed before the run answered")
         writer = self._writer
         if writer is not None:
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await writer
+        await self._leave()
+
+    def _end(self, why: str) -> None:
+        """Closed from now on: every waiter learns it at once."""
+        self.closed = True
+        for message_id, waiter in list(self._waiting.items()):
+            if not waiter.done():
+                waiter.set_result(Error(code=ErrorCode.UNAVAILABLE, message=f"{why}; retry "
+                                        "shortly", reply_to=message_id, retry_after_ms=1000))
+        caught_up = self._caught_up
+        if caught_up is not None and not caught_up[1].done():
+            caught_up[1].set_exception(ResumeFailed(why))
+
+    async def _leave(self) -> None:
         with contextlib.suppress(Exception):
             await self.session.detach(self.conn)
         self.services.hub.release(self.session)
+
+    def _writer_ended(self, writer: "asyncio.Task[Any]") -> None:
+        """The writer ended, not by `close`: the engine closed the link (module doc)."""
+        if self.closed:
+            return
+        if writer.cancelled():
+            reason = "its writer was cancelled"
+        elif writer.exception() is not None:
+            reason = f"internal error (ref {uuid.uuid4().hex[:12]})"
+            logger.error("adapter link's writer failed: %s", reason,
+                         exc_info=writer.exception(), extra=self.conn.log_context)
+        else:
+            request = writer.result()
+            reason = request.reason if isinstance(request, CloseRequest) else "closed"
+        logger.info("adapter link closed by the server: %s", reason,
+                    extra=self.conn.log_context)
+        self._end("the adapter's link to the document closed")
+        self._leaving = asyncio.get_running_loop().create_task(self._leave())
+        try:
+            self.on_lost(reason)
+        except Exception:
+            logger.exception("adapter link: on_lost failed", extra=self.conn.log_context)
 
 
 def parse_event(frame: str) -> ServerEvent | None:
