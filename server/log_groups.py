@@ -6,17 +6,46 @@ decision's checkpoint (`DecisionCheckpoint`, Redis) is written with it in one
 atomic step: an owner killed between writing the checkpoint and logging the
 events used to leave a survivor a run whose announcements were never logged.
 Kept apart from session.py, which holds the fan-out and the delta merging.
+
+A shared log's append whose reply is lost may have happened: every event is
+appended under a write id (`Backend.append_once`), the same for each attempt of it,
+so an attempt after such an outage logs nothing twice (a second `run.finished`).
+The attempts of one group inside `one_write` (a caller's retry loop) are one
+write: the group's events get the same ids each time.
 """
 
 import asyncio
+import contextlib
+import itertools
 import logging
 import time
+import uuid
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any, Protocol
 
 from server.backends.base import Backend, BackendUnavailable, RunParts, UnloggableEvent
 
 logger = logging.getLogger("cowrite.session")
 GROUP_RETRY_S = 3.0
+_PROCESS = uuid.uuid4().hex[:10]  # write ids: unique across instances without a uuid each
+_counter = itertools.count(1)
+_GROUP_WRITE: ContextVar[str] = ContextVar("cowrite_group_write", default="")
+
+
+def new_write_id() -> str:
+    return f"{_PROCESS}{next(_counter):x}"
+
+
+@contextlib.contextmanager
+def one_write() -> Iterator[None]:
+    """Every attempt to log a group (`append_group`) inside is the same write: its events
+    keep their write ids, so the ones an earlier attempt logged are not logged again."""
+    token = _GROUP_WRITE.set(new_write_id())
+    try:
+        yield
+    finally:
+        _GROUP_WRITE.reset(token)
 
 
 class LeaseNotHeld(Exception):
@@ -57,19 +86,24 @@ async def append_group(backend: Backend, document_id: str, wires: list[dict[str,
             if not written:
                 raise LeaseNotHeld(document_id)
             return
+    group = (_GROUP_WRITE.get() or new_write_id()) if backend.remote else ""
     for index, wire in enumerate(wires):
         try:
-            await _append_retrying(backend, document_id, wire, retry=index > 0)
+            await _append_retrying(backend, document_id, wire, retry=index > 0,
+                                   write_id=group and f"{group}.{index}")
         except (TypeError, ValueError) as exc:
             raise UnloggableEvent(str(exc)) from exc
 
 
 async def _append_retrying(backend: Backend, document_id: str, wire: dict[str, Any],
-                           retry: bool) -> None:
+                           retry: bool, write_id: str) -> None:
     deadline = time.monotonic() + GROUP_RETRY_S
     while True:
         try:
-            await backend.append(document_id, wire)
+            if write_id:
+                await backend.append_once(document_id, wire, write_id)
+            else:  # an in-process log loses no reply
+                await backend.append(document_id, wire)
             return
         except BackendUnavailable:
             if not retry or time.monotonic() > deadline:

@@ -36,7 +36,7 @@ from server.backends.base import (
     encode_event_body,
 )
 from server.connection import Connection
-from server.log_groups import DecisionCheckpoint, append_group
+from server.log_groups import DecisionCheckpoint, append_group, new_write_id
 from server.outbound import _Frame
 from server.ports import RunHandler
 
@@ -56,7 +56,7 @@ HOLD_MAX_S = 0.05
 
 
 class _PendingDelta:
-    __slots__ = ("message_id", "parts", "run_id", "since", "size")
+    __slots__ = ("message_id", "parts", "run_id", "since", "size", "write_id")
 
     def __init__(self, run_id: str, message_id: str) -> None:
         self.run_id = run_id
@@ -64,6 +64,7 @@ class _PendingDelta:
         self.parts: list[str] = []
         self.size = 0
         self.since = time.monotonic()
+        self.write_id = ""  # set at its first append (a remote log's)
 
 
 def _member(conn: Connection) -> str:
@@ -96,6 +97,9 @@ class DocumentSession:
         self.connections: dict[str, Connection] = {}
         self._subscribed = False
         self._pending: _PendingDelta | None = None
+        # Held text whose append failed: it may be logged (the reply was lost), so it is
+        # tried again first, as it was (the same write id), and nothing joins it.
+        self._unsure: _PendingDelta | None = None
         self._last_delta_at = 0.0
         self._publish_lock = asyncio.Lock()
         self._flush_tasks: set[asyncio.Task[None]] = set()
@@ -330,16 +334,25 @@ class DocumentSession:
             spins = 0
 
     async def _flush_locked(self) -> None:
+        if self._unsure is not None:
+            await self._append_held(self._unsure)
+            self._unsure = None
         pending, self._pending = self._pending, None
         if pending is not None and pending.parts:
             try:
-                await self.backend.append(self.document_id, {
-                    "type": "message.delta", "run_id": pending.run_id,
-                    "message_id": pending.message_id, "delta": "".join(pending.parts)})
+                await self._append_held(pending)
             except BaseException:
-                if self._pending is None:  # keep the text for the next attempt
-                    self._pending = pending
+                self._unsure = pending  # for the next attempt; text since goes after it
                 raise
+
+    async def _append_held(self, held: _PendingDelta) -> None:
+        wire = {"type": "message.delta", "run_id": held.run_id,
+                "message_id": held.message_id, "delta": "".join(held.parts)}
+        if not self.backend.remote:  # an in-process log loses no reply
+            await self.backend.append(self.document_id, wire)
+            return
+        held.write_id = held.write_id or new_write_id()
+        await self.backend.append_once(self.document_id, wire, held.write_id)
 
     def _hold_over(self) -> None:
         self._hold_timer = None

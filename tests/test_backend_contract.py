@@ -48,6 +48,25 @@ async def test_append_numbers_gaplessly_and_delivers_in_order(backend: Backend) 
     assert (await backend.head("other")).epoch != head.epoch
 
 
+async def test_append_once_logs_as_append_does(backend: Backend) -> None:
+    """Under write ids (a shared log's retry looks them up, `test_redis_idempotent`), each
+    id new: gapless seqs, interleaved with plain appends, content checked up front."""
+    seen: list[LoggedEvent] = []
+    await backend.subscribe("d", seen.append)
+    first = await backend.append_once("d", {"type": "document.changed", "n": 0}, "w-0")
+    plain = await backend.append("d", {"type": "document.changed", "n": 1})
+    second = await backend.append_once("d", {"type": "document.changed", "n": 2}, "w-2")
+    assert (first.seq, plain.seq, second.seq) == (1, 2, 3) and '"n":2' in second.frame
+    with pytest.raises(UnloggableEvent):
+        await backend.append_once("d", {"type": "tool.done", "output": {1, 2}}, "w-3")
+    assert (await backend.head("d")).last_seq == 3
+    for _ in range(100):
+        if len({e.seq for e in seen}) >= 3:
+            break
+        await asyncio.sleep(0.01)
+    assert sorted({e.seq for e in seen}) == [1, 2, 3]
+
+
 async def test_read_after_and_resume_failures(backend: Backend) -> None:
     for i in range(120):
         await backend.append("d", {"type": "document.changed", "n": i})

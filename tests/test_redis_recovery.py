@@ -4,6 +4,10 @@ outage longer than a lease, Redis coming back without its data. Real instances
 
 import asyncio
 import contextlib
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +17,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from bench.common import Proc, server_process
+from server.backends.base import BackendUnavailable
+from server.backends.redis import RedisBackend
 from tests.cluster_support import FAST_LEASE, cluster, ended, instance, join, start_run
 from tests.harness import SECRET, Client
 from tests.redis_support import RedisProcess, redis_process
@@ -213,3 +219,48 @@ async def test_a_malformed_or_previous_release_live_frame_does_not_stop_the_fan_
         after = await y.recv_until(lambda e: e.get("type") == "document.changed"
                                    and e["seq"] > first["seq"], timeout=10)
         assert (after["seq"], after["document_version"]) == (first["seq"] + 1, 2)
+
+
+async def test_a_tab_connected_through_a_long_outage_is_present_at_once_after_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Instance B's tab stays connected while Redis is frozen for longer than B's
+    heartbeat and its presence entry's own expiry; the run's owner A asks (its grace
+    re-check) right after Redis is back. It was told "gone" (the run ended
+    aborted/client_gone): B's heartbeat had lapsed, and the lapsed entry, deleted by the
+    check, was never added back (renewed with ZADD XX). Two backends in this process,
+    their clocks short; B has no janitor here, only its renewal."""
+    renewal = sys.modules[RedisBackend._renew_loop.__module__]
+    monkeypatch.setattr(renewal, "CONNECTION_TTL_S", 1.0)
+    monkeypatch.setattr(renewal, "RENEW_EVERY_S", 0.3)
+    monkeypatch.setattr(renewal, "RENEW_RETRY_S", 0.2, raising=False)
+    monkeypatch.setattr(renewal, "OUTAGE_GRACE_S", 1.0, raising=False)
+    async with redis_process() as redis, backend(redis.url) as owner, \
+            backend(redis.url) as other:
+        await owner.heartbeat("A", 2.0)
+        await other.heartbeat("B", 2.0)
+        await other.set_presence("doc", "alice|tab|conn-1", True)
+        assert await owner.is_present("doc", "alice", "tab")
+        assert redis.process is not None
+        redis.process.send_signal(signal.SIGSTOP)
+        try:
+            await asyncio.sleep(3.0)  # past B's heartbeat (2 s) and the entry's expiry (1 s)
+            with pytest.raises(BackendUnavailable):  # a check during the outage
+                await owner.is_present("doc", "alice", "tab")
+        finally:
+            redis.process.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 1.8  # past the grace; B's heartbeat lives 2 s
+        while time.monotonic() < deadline:
+            assert await owner.is_present("doc", "alice", "tab")
+            await asyncio.sleep(0.1)
+        await other.set_presence("doc", "alice|tab|conn-1", False)  # the tab goes now
+        assert not await owner.is_present("doc", "alice", "tab")
+
+
+@contextlib.asynccontextmanager
+async def backend(url: str) -> AsyncIterator[RedisBackend]:
+    started = RedisBackend(url, op_timeout_s=0.3)
+    await started.start()
+    try:
+        yield started
+    finally:
+        await started.close()

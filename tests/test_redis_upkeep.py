@@ -9,8 +9,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import redis.asyncio as aioredis
 
-from server.backends import redis as redis_module
-from server.backends import redis_fanout
+from server.backends import redis_fanout, redis_presence
 from server.backends.base import RUN_RECORDS_MAX, LoggedEvent
 from server.backends.redis import RedisBackend
 from tests.harness import free_port
@@ -31,8 +30,8 @@ async def started(url: str) -> AsyncIterator[RedisBackend]:
 
 async def test_the_connection_limit_still_counts_after_the_keys_first_expiry(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(redis_module, "CONNECTION_TTL_S", 1.0)
-    monkeypatch.setattr(redis_module, "RENEW_EVERY_S", 0.3)
+    monkeypatch.setattr(redis_presence, "CONNECTION_TTL_S", 1.0)
+    monkeypatch.setattr(redis_presence, "RENEW_EVERY_S", 0.3)
     async with redis_process() as proc, started(proc.url) as backend:
         assert await backend.acquire_connection("carol", "c1", limit=2)
         assert await backend.acquire_connection("carol", "c2", limit=2)

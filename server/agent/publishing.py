@@ -16,7 +16,7 @@ from typing import Any
 from protocol.codes import ErrorCode
 from server.agent.work import new_ref
 from server.backends.base import BackendUnavailable, UnloggableEvent
-from server.log_groups import DecisionCheckpoint, LeaseNotHeld
+from server.log_groups import DecisionCheckpoint, LeaseNotHeld, one_write
 from server.ports import EventLog
 
 logger = logging.getLogger("cowrite.agent")
@@ -41,6 +41,12 @@ async def try_publish(log: EventLog, events: tuple[Any, ...], extra: Mapping[str
     may be what was lost, and it is idempotent, so the retry tells whether it happened
     (the sender was told to retry a write that had happened, and its retry logged a
     second `tool.done`)."""
+    with one_write():  # each attempt logs the events under the same write ids
+        return await _try_publish(log, events, extra, checkpoint)
+
+
+async def _try_publish(log: EventLog, events: tuple[Any, ...], extra: Mapping[str, Any],
+                       checkpoint: DecisionCheckpoint | None) -> tuple[ErrorCode, str] | None:
     deadline, delay = 0.0, 0.05  # the deadline is read on the first outage only: every
     while True:  # client answer passes here
         try:
@@ -70,19 +76,21 @@ async def publish_retrying(log: EventLog, events: tuple[Any, ...], retry_s: floa
                            extra: Mapping[str, Any], checkpoint: DecisionCheckpoint | None = None
                            ) -> None:
     """Log a committed decision's events (with its checkpoint), retrying a backend
-    outage for `retry_s`."""
+    outage for `retry_s`. Every attempt is the same write (`one_write`): an attempt
+    whose reply was lost, yet logged, is not logged again (a second `run.finished`)."""
     deadline = time.monotonic() + retry_s
     delay = 0.05
-    while True:
-        try:
-            await log.publish_many(events, checkpoint)
-            return
-        except UnloggableEvent as exc:
-            ref = new_ref()
-            logger.error("an event of the run cannot be logged (ref %s)", ref, extra=extra)
-            raise PublishFailed(ref, "unloggable", exc) from exc
-        except BackendUnavailable as exc:
-            if time.monotonic() > deadline:
-                raise PublishFailed(new_ref(), "backend unavailable", exc) from exc
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, PUBLISH_RETRY_MAX_S)
+    with one_write():
+        while True:
+            try:
+                await log.publish_many(events, checkpoint)
+                return
+            except UnloggableEvent as exc:
+                ref = new_ref()
+                logger.error("an event of the run cannot be logged (ref %s)", ref, extra=extra)
+                raise PublishFailed(ref, "unloggable", exc) from exc
+            except BackendUnavailable as exc:
+                if time.monotonic() > deadline:
+                    raise PublishFailed(new_ref(), "backend unavailable", exc) from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, PUBLISH_RETRY_MAX_S)

@@ -189,7 +189,11 @@ class RunRegistry(Protocol):
         """Take the queued run `run_id` out of the queue (None if it is not there)."""
         ...
 
-    async def is_present(self, document_id: str, user_id: str, client_id: str) -> bool: ...
+    async def is_present(self, document_id: str, user_id: str, client_id: str) -> bool:
+        """Whether a connection of the client is open on some live instance. False means
+        gone: a shared backend answers True for a while after it reached its store again
+        (the other instances' entries may have lapsed during the outage)."""
+        ...
 
 
 class Backend(RunRegistry, Protocol):
@@ -208,6 +212,15 @@ class Backend(RunRegistry, Protocol):
         """Serialize the event, then stamp `seq` and `ts`, log it and deliver it to
         listeners. Raises `UnloggableEvent` (nothing logged, no seq used) when the
         event cannot be serialized."""
+        ...
+
+    async def append_once(self, document_id: str, event: dict[str, Any], write_id: str
+                          ) -> LoggedEvent:
+        """`append`, idempotent per `write_id` (unique, the same for every attempt of one
+        event) with a shared backend: an append whose reply was lost (it raised
+        `BackendUnavailable`, yet was done) logs nothing when tried again and answers the
+        first attempt's seq, not delivered again (the first attempt's delivery stands).
+        An in-process backend loses no reply: it appends."""
         ...
 
     async def subscribe(self, document_id: str, listener: EventListener,

@@ -49,7 +49,6 @@ HISTORY_MAX_ENTRIES = 2000
 SWEEP_MAX_INTERVAL_S = 30.0
 TRIM_AFTER_EVICTIONS = 256
 
-
 _Entry = tuple[int, str, str]  # seq, type, frame
 
 
@@ -206,9 +205,11 @@ class MemoryBackend(MemoryInstances):
             log = self._logs[document_id] = _DocumentLog(self._log_max_events)
         return log
 
-    async def append(self, document_id: str, event: dict[str, Any]) -> LoggedEvent:
+    async def append(self, document_id: str, event: dict[str, Any], write_id: str = ""
+                     ) -> LoggedEvent:
         body = encode_event_body(event)  # may raise UnloggableEvent: no seq is taken
         return self.append_encoded(document_id, str(event["type"]), body)
+    append_once = append  # no reply to lose: the write id is not needed
 
     def append_encoded(self, document_id: str, kind: str, body: bytes) -> LoggedEvent:
         """`append` of an event already encoded (`encode_event_body`), as a plain call:
@@ -227,9 +228,8 @@ class MemoryBackend(MemoryInstances):
         log = self._log(document_id)
         return LogHead(log.epoch, log.last_seq)
 
-    async def read_after(
-        self, document_id: str, epoch: str, after_seq: int, until_seq: int | None = None
-    ) -> list[LoggedEvent] | ResumeFailure:
+    async def read_after(self, document_id: str, epoch: str, after_seq: int,
+                         until_seq: int | None = None) -> list[LoggedEvent] | ResumeFailure:
         """Found by seq (bisect over the seq-ordered log), never by position."""
         log = self._log(document_id)
         if epoch != log.epoch:

@@ -5,14 +5,15 @@ Per document (keys share a hash tag, so a cluster keeps them on one slot):
 - `cw:{doc}:log` stream: one entry per event, ID `<seq>-1`, trimmed with
   `MAXLEN ~` (which keeps at least the last N);
 - `cw:{doc}:hist` list: conversation history; `cw:{doc}:runs` hash: run records
-  (the newest `RUN_RECORDS_MAX` by first write, kept in `cw:{doc}:run-order`).
+  (the newest `RUN_RECORDS_MAX` by first write, kept in `cw:{doc}:run-order`);
+- `cw:{doc}:writes` sorted set: the write ids of the last appends and their seqs,
+  so an append tried again after its reply was lost is not logged twice.
 The event is serialized in Python before the script runs, so an event that
 cannot be encoded (`UnloggableEvent`) never takes a seq. One Lua script
 stamps seq, writes the stream entry and publishes the frame on
 `cw:live:{doc}` atomically, so pub/sub delivers in seq order; an instance that
-misses a message (a reconnect) fills the gap from the stream. Limits are
-shared: connections per user in a sorted set whose entries expire unless
-their instance renews them, run starts in a sliding-window sorted set.
+misses a message (a reconnect) fills the gap from the stream. Limits and
+presence are shared (redis_presence.py).
 
 Every Redis failure surfaces as `BackendUnavailable`; the pub/sub reader
 reconnects by itself and re-reads what it missed.
@@ -21,6 +22,8 @@ reconnects by itself and re-reads what it missed.
 import asyncio
 import contextlib
 import logging
+import math
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Sequence
@@ -39,12 +42,12 @@ from server.backends.base import (
     LogReset,
     ResumeFailure,
     RunParts,
-    cancel_requested,
     encode_event_body,
 )
 from server.backends.redis_clock import RedisClock
 from server.backends.redis_fanout import RedisFanOut, channel_of
-from server.backends.redis_instances import INSTANCES_KEY, RedisInstances
+from server.backends.redis_instances import RedisInstances
+from server.backends.redis_presence import RedisPresence
 from server.backends.redis_queue import RedisRunQueue
 from server.backends.redis_scripts import (
     APPEND_LUA,
@@ -66,9 +69,13 @@ T = TypeVar("T")
 
 HISTORY_MAX_ENTRIES = 2000
 RUN_RECORD_TTL_S = 86_400
-CONNECTION_TTL_S = 90.0
-RENEW_EVERY_S = 30.0
 READ_CHUNK = 1000
+# Write ids remembered per document (APPEND_LUA): an append tried again after this many
+# other events of its document were logged would be logged twice. A retry comes within
+# seconds (`publish_retrying`, a held delta's next flush); 96 (+31 before a trim) keep the
+# set a listpack (zset-max-listpack-entries 128): about 3 KB per document.
+WRITE_IDS_KEPT = 96
+WRITE_IDS_TTL_MS = 600_000
 
 LEASES_KEY = "cw:leases"
 
@@ -84,7 +91,7 @@ def _run_keys(document_id: str) -> list[str]:
             f"cw:{{{document_id}}}:run-parts"]
 
 
-class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
+class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances, RedisPresence):
     remote = True
 
     def __init__(self, url: str, log_max_events: int = 10_000, op_timeout_s: float = 2.0) -> None:
@@ -116,6 +123,10 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
         self._tasks: list[asyncio.Task[None]] = []
         self._live_connections: dict[str, str] = {}  # connection id -> user id
         self._clock = RedisClock()  # what every score and "now" is stamped with
+        self._failing = False  # the last call failed: Redis is out of reach
+        self._back_at = -math.inf  # when a call worked again after failing (monotonic)
+        self._renew_now = asyncio.Event()
+        self._unsure_writes: dict[str, None] = {}  # write ids whose append failed (in order)
         self.reconnects = 0
 
     # -- lifecycle ---------------------------------------------------------------
@@ -142,23 +153,44 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
 
     async def _call(self, awaitable: Awaitable[T]) -> T:
         try:
-            return await awaitable
+            result = await awaitable
         except (RedisError, OSError) as exc:
+            self._failing = True
             raise BackendUnavailable(f"redis: {exc}") from exc
+        if self._failing:  # Redis is back
+            self._failing = False
+            self._back_at = time.monotonic()
+            self._renew_now.set()
+        return result
 
     # -- the document log --------------------------------------------------------
-    async def append(self, document_id: str, event: dict[str, Any]) -> LoggedEvent:
+    async def append(self, document_id: str, event: dict[str, Any], write_id: str = ""
+                     ) -> LoggedEvent:
         # Serialized here, before the script takes a seq: UnloggableEvent leaves no gap.
         body = encode_event_body(event).decode()
         event_type = str(event["type"])
-        epoch, seq, frame = await self._call(self._append(
-            keys=_keys(document_id),
-            args=[uuid.uuid4().hex, body, self._clock.now_ms(), self._log_max_events, event_type,
-                  channel_of(document_id)],
-        ))
+        tried = write_id in self._unsure_writes  # only then looked up: perhaps done
+        try:
+            epoch, seq, frame, *again = await self._call(self._append(
+                keys=[*_keys(document_id), f"cw:{{{document_id}}}:writes"],
+                args=[uuid.uuid4().hex, body, self._clock.now_ms(), self._log_max_events,
+                      event_type, channel_of(document_id), write_id, WRITE_IDS_KEPT,
+                      WRITE_IDS_TTL_MS, "1" if tried else ""],
+            ))
+        except BackendUnavailable:
+            if write_id:
+                self._unsure_writes[write_id] = None
+                if len(self._unsure_writes) > 1000:  # bounded: never tried again, some
+                    del self._unsure_writes[next(iter(self._unsure_writes))]
+            raise
+        if tried:
+            del self._unsure_writes[write_id]
         logged = LoggedEvent(int(seq), event_type, frame)
-        self._deliver(document_id, epoch, logged)
+        if not again:  # else done by an attempt whose reply was lost: its frame came by pub/sub
+            self._deliver(document_id, epoch, logged)
         return logged
+
+    append_once = append  # `append` is idempotent per write id (APPEND_LUA)
 
     async def head(self, document_id: str) -> LogHead:
         epoch, last = await self._call(self._head(keys=_keys(document_id),
@@ -216,45 +248,6 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
         claimed = await self._call(self._redis.set(f"cw:once:{key}", "1", nx=True,
                                                    px=int(ttl_s * 1000)))
         return bool(claimed)
-
-    # -- shared limits -----------------------------------------------------------
-    async def acquire_connection(self, user_id: str, connection_id: str, limit: int) -> bool:
-        now = self._clock.now_ms()
-        granted = await self._call(self._connection(
-            keys=[f"cw:conns:{{{user_id}}}"],
-            args=[now, now + int(CONNECTION_TTL_S * 1000), limit, connection_id]))
-        if granted:
-            self._live_connections[connection_id] = user_id
-        return bool(granted)
-
-    async def release_connection(self, user_id: str, connection_id: str) -> None:
-        self._live_connections.pop(connection_id, None)
-        await self._call(self._redis.zrem(f"cw:conns:{{{user_id}}}", connection_id))
-
-    async def _renew_loop(self) -> None:
-        """Keep this instance's connection slots alive; a dead instance's expire."""
-        while not cancel_requested():
-            await asyncio.sleep(RENEW_EVERY_S)
-            expires = self._clock.now_ms() + int(CONNECTION_TTL_S * 1000)
-            with contextlib.suppress(RedisError, OSError):
-                pipe = self._redis.pipeline(transaction=False)
-                for connection_id, user_id in list(self._live_connections.items()):
-                    key = f"cw:conns:{{{user_id}}}"
-                    pipe.zadd(key, {connection_id: expires}, xx=True)
-                    # the key's own expiry too: it lapsed 90 s after the last new
-                    # connection, and the user's count began again from zero
-                    pipe.pexpire(key, int(CONNECTION_TTL_S * 1000))
-                for document_id, stored in list(self._presence.values()):
-                    pipe.zadd(f"cw:{{{document_id}}}:present", {stored: expires}, xx=True)
-                await pipe.execute()
-
-    async def take_run_slot(self, user_id: str, per_minute: int) -> int:
-        if not per_minute:
-            return 0
-        wait = await self._call(self._run_slot(
-            keys=[f"cw:runs-per-min:{{{user_id}}}"],
-            args=[self._clock.now_ms(), per_minute, uuid.uuid4().hex]))
-        return max(0, int(float(wait)))
 
     # -- run ownership across instances ---------------------------------------
     async def claim_run(self, document_id: str, record: dict[str, Any], lease_s: float
@@ -324,21 +317,3 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances):
         flat = await self._call(self._expired_runs(
             keys=[LEASES_KEY], args=[now, now + int(lease_s * 1000), claimer]))
         return [(flat[i], dict(orjson.loads(flat[i + 1]))) for i in range(0, len(flat), 2)]
-
-    async def set_presence(self, document_id: str, member: str, present: bool) -> None:
-        key = f"cw:{{{document_id}}}:present"
-        if present:  # stored with the instance's id: a dead instance's tabs are gone
-            stored = f"{member}|{self._instance_id}"
-            self._presence[member] = (document_id, stored)
-            expires = self._clock.now_ms() + int(CONNECTION_TTL_S * 1000)
-            await self._call(self._redis.zadd(key, {stored: expires}))
-        else:
-            entry = self._presence.pop(member, None)
-            if entry is not None:
-                await self._call(self._redis.zrem(key, entry[1]))
-
-    async def is_present(self, document_id: str, user_id: str, client_id: str) -> bool:
-        found = await self._call(self._present(
-            keys=[f"cw:{{{document_id}}}:present", INSTANCES_KEY],
-            args=[self._clock.now_ms(), f"{user_id}|{client_id}|"]))
-        return bool(found)

@@ -44,6 +44,7 @@ class RedisInstances:
     _url: str
     _clock: RedisClock
     _instance_id: str
+    _heartbeat_ttl_s = 0.0  # the last heartbeat's (RedisBackend renews it after an outage)
 
     async def _call(self, awaitable: Awaitable[T]) -> T:  # RedisBackend's
         raise NotImplementedError
@@ -52,6 +53,7 @@ class RedisInstances:
         """Say this instance lives for `ttl_s` more; forget instances an hour dead (a
         killed instance never leaves: the set grew by one per crash, for ever)."""
         self._instance_id = instance_id  # named in its connections' presence entries
+        self._heartbeat_ttl_s = ttl_s
         with contextlib.suppress(RedisError, OSError):  # the clock of the next stamps
             await self._clock.sync(self._redis)
         now = self._clock.now_ms()
@@ -61,6 +63,7 @@ class RedisInstances:
         await self._call(pipe.execute())
 
     async def leave(self, instance_id: str) -> None:
+        self._heartbeat_ttl_s = 0.0
         await self._call(self._redis.zrem(INSTANCES_KEY, instance_id))
 
     async def live_instances(self) -> list[str]:
