@@ -7,8 +7,10 @@ killed between two separate writes left a checkpoint whose events were never
 logged (a `tool.call` nobody saw; after a takeover the call timed out).
 A refusable decision (a client's `tool.result` or `approval`, the start) is
 tried once and its sender answered on failure; any other is committed already
-and retried through an outage (`publishing.py`). Kept apart from driver.py,
-which holds the order of effects.
+and retried through an outage (`publishing.py`). The run's end is written with
+its final checkpoint (a survivor then knows it ended) and retried under one
+write id while this instance holds the lease, so an outage neither loses it
+nor logs it twice. Kept apart from driver.py, which holds the order of effects.
 """
 
 import logging
@@ -23,10 +25,15 @@ from server.agent.run_state import RunState
 from server.agent.steps import Crashed, Decision, Input, LeaseLost, Publish
 from server.backends.base import BackendUnavailable
 from server.connection import Peer
+from server.inbox import Envelope
 from server.log_groups import LeaseNotHeld
 from server.ports import EventLog
 
 logger = logging.getLogger("cowrite.agent")
+# How long a run's end is retried through a Redis outage after the first half lease, in
+# leases (`_end_through_outage`). Nobody else can take the run while Redis is away, so
+# this bounds only how long a driver (and a shutdown waiting for it) waits for Redis.
+ENDING_RETRY_LEASES = 3
 
 
 class CommitMixin:
@@ -37,6 +44,9 @@ class CommitMixin:
     lease: RunLease
     state: RunState
     _released: bool
+    _current: Envelope | None  # the input being applied
+    answered: Peer | None  # its sender, once answered before the decision's effects
+    ending_unlogged: bool  # the run's end is being retried through an outage
 
     @property
     def run_id(self) -> str:
@@ -90,8 +100,54 @@ class CommitMixin:
             self.lease.announcing = None
             if not decision.state.finished:
                 return await self._apply(Crashed(failed.ref), None)
+            if isinstance(failed.cause, BackendUnavailable) and self.env.registry.remote:
+                return await self._end_through_outage(publish, decision, peer, write)
             logger.error("the run's end could not be logged (%s)", failed.why,
                          extra=self.log_extra)
-            self._released = isinstance(failed.cause, BackendUnavailable)
             self.state = decision.state
-            return True  # with Redis the lease lapses and a survivor announces it
+            return True  # the driver's last resort frees the document
+
+    async def _end_through_outage(self, publish: Publish, decision: Decision,
+                                  peer: Peer | None, write: DecisionWrite | None
+                                  ) -> bool | None:
+        """The run's end was not logged within half a lease: Redis is away. Its sender (a
+        `run.cancel`'s) is told `unavailable` now, and the end is tried again with its
+        checkpoint under the same write id (logged once however many attempts reach
+        Redis) while only this instance may write it (the lease check is in the same
+        step), for up to `ENDING_RETRY_LEASES` leases. None once logged: the decision's
+        other effects follow (its `Release`; no second answer). `LeaseNotHeld` when
+        another instance took the run over meanwhile (`_commit`: it goes on there).
+        False after that time: the run is let go here unfreed, and whoever takes it over
+        goes on from its checkpoint (the client was told to retry), or frees it if the
+        end did reach Redis. It used to be given up after half a lease, its sender not
+        answered, and this instance's own janitor took the run "over", lacking the
+        end: a `run.cancel` was lost and the run waited on its call again."""
+        self.ending_unlogged = True  # messages about the run are answered `unavailable`
+        if peer is not None:
+            self.answered = peer
+            peer.reply(Error(code=ErrorCode.UNAVAILABLE, message="the shared backend is "
+                             "unavailable; retry shortly", reply_to=decision.reply_to,
+                             run_id=self.run_id, retry_after_ms=1000))
+        if self._current is not None:  # the sender's connection goes on meanwhile
+            self._current.settle(True)
+        try:
+            self.lease.announcing = decision.state  # no renewal undoes the checkpoint
+            if write is not None:  # `_commit` holds the lease's lock
+                await self._retry_ending(publish, write)
+                return None
+            async with self.lease.lock:  # claimed again after Redis lost the run (`_commit`)
+                await self._retry_ending(publish, self.lease.decision_write(decision.state))
+            return None
+        except PublishFailed as failed:
+            self.lease.announcing = None
+            logger.error("the run's end could not be logged (%s); its lease lapses and "
+                         "whoever takes the run over goes on", failed.why,
+                         extra=self.log_extra)
+            await self._apply(LeaseLost(), None)
+            return False
+        finally:
+            self.ending_unlogged = False
+
+    async def _retry_ending(self, publish: Publish, write: DecisionWrite) -> None:
+        await publish_retrying(self.log, publish.events, self.env.settings.run_lease_s
+                               * ENDING_RETRY_LEASES, self.log_extra, write)

@@ -85,7 +85,8 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
         if driver is not None and not driver.state.finished:
             return driver.state.snapshot(for_user)
         record = await self._remote_record()
-        if record is None or record.get("run_id") in self._seen_ended:
+        if record is None or record.get("run_id") in self._seen_ended or \
+                record.get("status") in TERMINAL:  # its end is logged, its release not yet
             return None
         # Its `run.finished` may be logged already and not yet come through pub/sub
         # (the owner frees the record just after): then the log says so.
@@ -118,7 +119,7 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
         """An `editor.change`: the run decides (section 11); a user's edit of a run owned
         by another instance goes to its owner."""
         driver = self.active
-        if driver is not None and not driver.state.finished:
+        if driver is not None and not driver.state.finished and not driver.ending_unlogged:
             started = time.perf_counter()
             changes = None if message.changes is None else tuple(
                 (c.from_, c.to, c.insert) for c in message.changes)
@@ -161,6 +162,11 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
             return
         driver = self.active
         if driver is not None and driver.run_id == message.run_id:
+            if driver.ending_unlogged:  # its end waits out an outage: do not wait with it
+                peer.error(ErrorCode.UNAVAILABLE, "the shared backend is unavailable; retry "
+                           "shortly", reply_to=message.id, run_id=message.run_id,
+                           retry_after_ms=1000)
+                return
             if await driver.submit(self._input(driver, peer, message), peer):
                 return
         finished = self.finished.get(message.run_id)
@@ -322,6 +328,8 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
 
     async def _ending(self, holder: dict[str, Any]) -> bool:
         """Whether the run holding the document has already ended (its record says so)."""
+        if holder.get("status") in TERMINAL:  # written with its `run.finished`
+            return True
         record = await self.env.registry.get_run_record(self.document_id,
                                                         str(holder.get("run_id")))
         return record is not None and record.get("status") in TERMINAL

@@ -87,6 +87,8 @@ class RunDriver(CommitMixin):
         self._timers = RunTimers(self._timer_fired)
         self._parts: list[str] = []  # text the current message streamed so far
         self._released = False
+        self.answered: Peer | None = None  # the sender answered during the commit
+        self.ending_unlogged = False  # the run's end waits out an outage (commit.py)
         self._main: asyncio.Task[None] | None = None
         self._started: asyncio.Future[bool] | None = None
         self.done = asyncio.Event()
@@ -224,7 +226,10 @@ class RunDriver(CommitMixin):
                 slot = index
                 break
         shared = self._shared
-        fence = shared and slot >= 0 and self.lease.stale  # stalled: confirm the lease first
+        # Stalled: confirm the lease first. An ending is written with its final checkpoint
+        # (its write id makes a retry through an outage log it once; a survivor finds the
+        # run ended, see `TakeoverMixin.let_go_if_ended`).
+        fence = shared and slot >= 0 and (self.lease.stale or decision.state.finished)
         if slot == 1 and type(effects[0]) is Checkpoint:  # the usual lone one: no coroutine
             fence = fence or shared  # (written below if shared; with one process, nobody reads it)
         elif slot > 0:
@@ -241,6 +246,8 @@ class RunDriver(CommitMixin):
                           if fence else self._publish(publish, decision, peer, None))
             if done is not None:
                 return done
+            if peer is not None and self.answered is peer:  # told `unavailable` while
+                peer = self.answered = None  # its end waited out an outage (commit.py)
         self.state, self.lease.announcing = decision.state, None
         await self._run_effects(effects[slot + 1:], peer, decision.state)
         return True

@@ -61,8 +61,11 @@ class RunLease:
         if not self.shared:
             return True
         async with self._lock:
-            return await self._write(state) or (await self._reclaim(state)
-                                                and await self._write(state))
+            return await self._write_held(state)
+
+    async def _write_held(self, state: RunState) -> bool:
+        return await self._write(state) or (await self._reclaim(state)
+                                            and await self._write(state))
 
     async def _reclaim(self, state: RunState) -> bool:
         """Claim the run again if the registry lost it: no record of it and nobody holding
@@ -157,10 +160,12 @@ class RunLease:
         swallow: see `cancel_requested`; renewing on would hold the run forever)."""
         while True:
             await asyncio.sleep(self.env.settings.run_lease_s / 3)
-            state = current()
-            if state.finished or cancel_requested():
-                return False
-            if not await self.checkpoint(state):
+            async with self._lock:  # the state as of the write: one read before waiting
+                state = current()  # for the lock could be older than the decision written
+                if state.finished or cancel_requested():  # meanwhile (the run's end: its
+                    return False  # checkpoint says so, `TakeoverMixin.let_go_if_ended`)
+                held = await self._write_held(state)
+            if not held:
                 logger.warning("run lost its lease; another instance holds it now",
                                extra={"run_id": state.run_id})
                 return True

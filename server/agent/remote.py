@@ -9,7 +9,9 @@ lease lapsed (its owner died, or handed it over while draining) is taken by
 exactly one survivor, which continues it from its checkpoint (section 13) or,
 when it has none or is older than the run timeout, ends it through the same
 run machine as any other ending (`End` aborted / `server_lost`), so the
-pending call gets its `tool.done` and the run its one `run.finished`.
+pending call gets its `tool.done` and the run its one `run.finished`. A run
+that had ended (its owner died between logging `run.finished` and freeing the
+run) is only freed, with nothing announced.
 
 No message about a run is lost to a takeover: it is sent to the instance that
 holds the run's lease at that instant (one atomic step), an instance that let
@@ -32,6 +34,7 @@ from protocol.server import Ack
 from server.agent.machine import RunMachine
 from server.agent.run_state import orphan_state
 from server.agent.steps import End, Publish, Release
+from server.agent.takeover import let_go_if_ended
 from server.agent.work import now_ms
 from server.backends.base import Backend, BackendUnavailable, cancel_requested
 from server.connection import Peer, error_event
@@ -316,9 +319,14 @@ class RunRouter:
 
     async def _take_over(self, document_id: str, record: dict[str, Any]) -> bool:
         """Go on with a run whose owner died, from its checkpoint (section 13); False
-        when it has none or is older than the run timeout (then it ends server_lost)."""
+        when it has none or is older than the run timeout (then it ends server_lost).
+        A run whose end its owner logged before dying is only freed (nothing announced:
+        it used to come back, `run.resumed`, and end twice)."""
         if self._runs_here(document_id, str(record.get("run_id"))):
             return True  # its lease lapsed (Redis was away) and came back to its owner
+        if await let_go_if_ended(self.backend, self.me, document_id, record):
+            await self._start_queued(document_id)
+            return True
         checkpoint = record.get("checkpoint") or {}
         started = int(checkpoint.get("started_ms") or 0)
         if not self.durable or not started or now_ms() - started > self.run_timeout_s * 1000:
@@ -356,6 +364,9 @@ class RunRouter:
                     "client_id": final.client_id})
                 self.metrics.runs.labels(effect.status).inc()
         await self.backend.release_run(document_id, state.run_id, self.me)
+        await self._start_queued(document_id)
+
+    async def _start_queued(self, document_id: str) -> None:
         session = self.hub.get(document_id)  # its queued runs may start now
         try:
             await session.runs.start_queued()
