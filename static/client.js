@@ -86,6 +86,9 @@ const MAX_EDITS = 2000;
 /** Heartbeat: silence for 2 intervals and this long means the path is dead. */
 const HEARTBEAT_SLACK_MS = 5000;
 
+/** How many times `cancelRun` sends a cancel the server answered `unavailable`. */
+const CANCEL_ATTEMPTS = 10;
+
 /** A run's status while it is active or waits in line (an ack's `status`). */
 const ACTIVE_STATUSES = new Set(["running", "waiting_tool", "waiting_approval", "queued"]);
 
@@ -281,6 +284,8 @@ export class CowriteClient extends EventTarget {
      * @type {Set<string>}
      */
     this.unsettledRuns = new Set();
+    /** the last runs whose run.finished arrived (for `cancelRun`'s retries) */
+    this.finishedRuns = new Set();
   }
 
   /** True when the server announced this protocol 1.1 feature in `welcome.features`. */
@@ -386,8 +391,23 @@ export class CowriteClient extends EventTarget {
     return sent;
   }
 
+  /**
+   * Cancel a run. A cancel answered `unavailable` (Redis down while the run ends: the
+   * server keeps trying to log the end) is sent again after `retry_after_ms`, up to
+   * `CANCEL_ATTEMPTS` times; it resolves with `undefined` (no ack) if the run's
+   * run.finished came meanwhile, and otherwise settles with the last answer
+   * (`run_not_active`: the run has ended).
+   */
   cancelRun(runId, reason) {
-    return this.send({ type: "run.cancel", run_id: runId, reason }, true);
+    const attempt = (left) => this.send({ type: "run.cancel", run_id: runId, reason }, true)
+      .catch((error) => {
+        if (error?.event?.code !== "unavailable" || left <= 1) throw error;
+        if (this.finishedRuns.has(runId)) return undefined;
+        return new Promise((resolve) => {
+          this.setTimer(resolve, error.event.retry_after_ms ?? 1000);
+        }).then(() => (this.finishedRuns.has(runId) ? undefined : attempt(left - 1)));
+      });
+    return attempt(CANCEL_ATTEMPTS);
   }
 
   /** @param {{scope?: "call"|"run", arguments?: object}} [how] */
@@ -469,6 +489,8 @@ export class CowriteClient extends EventTarget {
     if (event.type === "run.scope") {
       this.runScopes.set(event.run_id, { scope: event.scope ?? null, version: event.document_version });
     } else if (event.type === "run.finished") {
+      this.finishedRuns.add(event.run_id);
+      if (this.finishedRuns.size > 64) this.finishedRuns.delete(this.finishedRuns.values().next().value);
       this.#forgetRun(event.run_id);
     }
   }

@@ -195,6 +195,36 @@ test("a result refused as rate_limited is sent again after retry_after_ms", asyn
   assert.deepEqual(results(ws)[1], results(ws)[0]);
 });
 
+test("a cancel answered unavailable is sent again after retry_after_ms, until answered or the run ends", async () => {
+  const { client, timers, ws } = await opened();
+  const cancels = () => ws.sent.filter((m) => m.type === "run.cancel");
+  const first = client.cancelRun("r1", "button");
+  ws.serverSend({ type: "error", code: "unavailable", message: "retry shortly",
+                  reply_to: cancels()[0].id, run_id: "r1", retry_after_ms: 7 });
+  await tick();
+  assert.deepEqual(timers.map((t) => t.ms), [7]);
+  timers.shift().fn();
+  await tick();
+  assert.equal(cancels().length, 2);
+  ws.serverSend({ type: "ack", reply_to: cancels()[1].id, status: "cancelled" });
+  assert.equal((await first).status, "cancelled");
+
+  const second = client.cancelRun("r2");
+  ws.serverSend({ type: "error", code: "unavailable", message: "retry shortly",
+                  reply_to: cancels()[2].id, run_id: "r2", retry_after_ms: 7 });
+  await tick();
+  ws.serverSend({ type: "run.finished", run_id: "r2", status: "cancelled", seq: 1 });
+  timers.shift().fn();
+  assert.equal(await second, undefined); // ended meanwhile: not sent again
+  assert.equal(cancels().length, 3);
+
+  const third = client.cancelRun("r3");
+  ws.serverSend({ type: "error", code: "run_not_active", message: "no such run",
+                  reply_to: cancels()[3].id, run_id: "r3" });
+  await assert.rejects(third, /no such run/);
+  assert.equal(cancels().length, 4);
+});
+
 test("a handler's error code is sent as a string; unserialisable output becomes invalid_output", async () => {
   const { client, ws } = await opened();
   const outputs = {
