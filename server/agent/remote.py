@@ -353,10 +353,13 @@ class RunRouter:
         logger.warning("run %s lost its owner %s", state.run_id, record.get("owner"),
                        extra={"document_id": document_id, "run_id": state.run_id})
         decision = self.machine.decide(state, End("aborted", "server_lost"))
-        for effect in decision.effects:
+        logged = 0  # write ids the same at every tick: a janitor that failed halfway and
+        for effect in decision.effects:  # tries again logs nothing twice
             if isinstance(effect, Publish):
                 for event in effect.events:
-                    await self.backend.append(document_id, event.to_wire())
+                    logged += 1
+                    await self.backend.append_once(document_id, event.to_wire(),
+                                                   f"orphan:{state.run_id}:{logged}")
             elif isinstance(effect, Release):
                 final = decision.state
                 await self.backend.put_run_record(document_id, final.run_id, {
