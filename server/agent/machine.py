@@ -15,7 +15,6 @@ a time, in the order the model asked for them.
 """
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from protocol.codes import ErrorCode
@@ -39,6 +38,7 @@ from server.agent import history, json_format
 from server.agent.edits import STALE, changes_note, judge_edit, later_version
 from server.agent.grown import grown, with_added
 from server.agent.resume import resume_run
+from server.agent.round_trip import WHOLE
 from server.agent.run_state import (
     Ending,
     ModelCall,
@@ -107,6 +107,8 @@ class RunMachine:
     def decide(self, state: RunState, event: Input) -> Decision:
         if state.finished:
             return after_end(state, event)
+        if (whole := WHOLE.get(type(event))) and (decision := whole(self.config, state, event)):
+            return decision  # the round trip's usual decisions, written out (round_trip.py)
         out = EffectList()
         state = self._handlers[type(event)](state, event, out)
         return Decision(state, out.effects, reply_to=getattr(event, "reply_to", None),
@@ -164,8 +166,7 @@ class RunMachine:
     def _unparseable(self, state: RunState, event: ModelUnparseable, out: EffectList) -> RunState:
         if state.phase != "model":
             return state
-        state = replace(state.add_usage(dict(event.usage)),
-                        parse_failures=state.parse_failures + 1)
+        state = state.add_usage(dict(event.usage)).evolve(parse_failures=state.parse_failures + 1)
         if state.parse_failures > json_format.MAX_PARSE_RETRIES or state.step >= state.max_steps:
             why = f"could not be parsed {state.parse_failures} times" \
                 if state.step < state.max_steps else \
@@ -200,9 +201,8 @@ class RunMachine:
                     queue=queue)
             return self._dispatch(state, out, call.call_id, call.name, call.arguments,
                                   call.executor, at_ms, queue=queue)
-        if state.terminate_after_tools:
-            return self._finish(state, out, Ending("completed"))
-        return self._call_model(state, out)
+        return self._finish(state, out, Ending("completed")) if state.terminate_after_tools \
+            else self._call_model(state, out)
 
     def _dispatch(self, state: RunState, out: EffectList, call_id: str, name: str,
                   arguments: dict[str, Any], executor: str, at_ms: int, **changes: Any

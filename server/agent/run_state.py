@@ -175,13 +175,7 @@ class RunState:
         return dict(self.usage)
 
     def add_usage(self, usage: dict[str, int]) -> "RunState":
-        if not usage:
-            return self
-        totals = dict(self.usage)
-        for key, value in usage.items():
-            if isinstance(value, int):
-                totals[key] = totals.get(key, 0) + value
-        return self.evolve(usage=tuple(sorted(totals.items())))
+        return self.evolve(usage=summed_usage(self.usage, usage)) if usage else self
 
     def grant(self, call_id: str, user_id: str, expires_at: int) -> CallGrant:
         return CallGrant(self.run_id, call_id, user_id, self.document_id, expires_at)
@@ -200,6 +194,16 @@ class RunState:
 
 
 _FIELD_NAMES = frozenset(field.name for field in fields(RunState))
+
+
+def summed_usage(usage: tuple[tuple[str, int], ...], added: dict[str, int]
+                 ) -> tuple[tuple[str, int], ...]:
+    """The run's token counts with a model turn's `added` (its integers) counted in."""
+    totals = dict(usage)
+    for key, value in added.items():
+        if isinstance(value, int):
+            totals[key] = totals.get(key, 0) + value
+    return tuple(sorted(totals.items()))
 
 
 def orphan_state(document_id: str, record: dict[str, Any]) -> RunState:
