@@ -27,6 +27,10 @@ from server.tools.context import ToolContext
 class EventLog(Protocol):
     """The document's durable event log, as a run publishes to it."""
 
+    remote: bool
+    """Shared (Redis): an append's reply can be lost after it happened, so retries of a
+    write carry its write ids (`log_groups.one_write`)."""
+
     async def publish_many(self, events: Sequence[DurableServerEvent],
                            checkpoint: DecisionCheckpoint | None = None) -> None:
         """Log `events` in order (with `checkpoint`, written in the same step). Raises

@@ -107,6 +107,7 @@ class DocumentSession:
         # An in-process log's append as a plain call (`MemoryBackend.append_encoded`).
         self._append_encoded: Callable[[str, str, bytes], LoggedEvent] | None = \
             None if backend.remote else getattr(backend, "append_encoded", None)
+        self.remote = backend.remote  # an `EventLog`'s
         self.runs = make_runs(self)
 
     # -- membership ------------------------------------------------------------

@@ -86,6 +86,8 @@ async def test_checkpoints_written_at_once_leave_a_readable_state(
 class Recorded:
     """The document log's side of `FencedLog`: what reached it."""
 
+    remote = True
+
     def __init__(self) -> None:
         self.deltas: list[str] = []
 
@@ -115,6 +117,8 @@ async def test_an_owner_that_stalled_past_its_lease_logs_no_more_text(
 
 class Logged:
     """The document log as a run driver writes to it: the groups of events logged."""
+
+    remote = True
 
     def __init__(self) -> None:
         self.events: list[DurableServerEvent] = []

@@ -223,6 +223,7 @@ class FencedLog:
     def __init__(self, log: EventLog, lease: RunLease, current: Callable[[], RunState]
                  ) -> None:
         self._log, self._lease, self._current = log, lease, current
+        self.remote = log.remote
 
     async def publish_many(self, events: Sequence[DurableServerEvent],
                            checkpoint: DecisionCheckpoint | None = None) -> None:

@@ -41,12 +41,12 @@ async def try_publish(log: EventLog, events: tuple[Any, ...], extra: Mapping[str
     may be what was lost, and it is idempotent, so the retry tells whether it happened
     (the sender was told to retry a write that had happened, and its retry logged a
     second `tool.done`)."""
-    with one_write():  # each attempt logs the events under the same write ids
-        return await _try_publish(log, events, extra, checkpoint)
+    with one_write(log.remote):  # each attempt logs the events under the same write ids
+        return await _attempts(log, events, extra, checkpoint)
 
 
-async def _try_publish(log: EventLog, events: tuple[Any, ...], extra: Mapping[str, Any],
-                       checkpoint: DecisionCheckpoint | None) -> tuple[ErrorCode, str] | None:
+async def _attempts(log: EventLog, events: tuple[Any, ...], extra: Mapping[str, Any],
+                    checkpoint: DecisionCheckpoint | None) -> tuple[ErrorCode, str] | None:
     deadline, delay = 0.0, 0.05  # the deadline is read on the first outage only: every
     while True:  # client answer passes here
         try:
@@ -80,7 +80,7 @@ async def publish_retrying(log: EventLog, events: tuple[Any, ...], retry_s: floa
     whose reply was lost, yet logged, is not logged again (a second `run.finished`)."""
     deadline = time.monotonic() + retry_s
     delay = 0.05
-    with one_write():
+    with one_write(log.remote):
         while True:
             try:
                 await log.publish_many(events, checkpoint)
