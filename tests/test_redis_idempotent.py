@@ -124,3 +124,74 @@ async def test_append_once_answers_the_first_attempts_seq() -> None:
             assert [e["n"] for e in await _log(redis.port, "d")] == [0, "lost-once", 2, 3]
         finally:
             await backend.close()
+
+
+async def test_a_write_id_is_logged_once_whoever_tries_it_again() -> None:
+    """Another instance's janitor ending the same orphan, or a group retried whole after
+    a later event failed, tries an id whose first attempt succeeded: it was looked up
+    only after this process saw that id fail, so such a retry logged a second
+    `tool.done`."""
+    async with redis_process() as redis:
+        one, two = RedisBackend(redis.url), RedisBackend(redis.url)
+        await one.start()
+        await two.start()
+        try:
+            first = await one.append_once("d", {"type": "document.changed", "n": 1}, "w-1")
+            again = await one.append_once("d", {"type": "document.changed", "n": 1}, "w-1")
+            elsewhere = await two.append_once("d", {"type": "document.changed", "n": 1}, "w-1")
+            assert first.seq == again.seq == elsewhere.seq == 1
+            assert [e["n"] for e in await _log(redis.port, "d")] == [1]
+        finally:
+            await one.close()
+            await two.close()
+
+
+async def test_the_write_ids_kept_stay_bounded_and_expire() -> None:
+    """Ids were trimmed and given their TTL only on every 32nd seq: a run whose
+    appends with an id never fell on one (plain appends and checkpointed groups carry
+    none) grew the set by one per step, with no TTL."""
+    async with redis_process() as redis:
+        backend = RedisBackend(redis.url)
+        await backend.start()
+        try:
+            for n in range(600):  # an id on every other seq, never on one of 32k + 1
+                await backend.append("d", {"type": "document.changed", "n": n})
+                await backend.append_once("d", {"type": "document.changed", "n": n}, f"w-{n}")
+            async with aioredis.Redis(port=redis.port) as admin:
+                kept = await admin.zcard("cw:{d}:writes")
+                ttl = await admin.pttl("cw:{d}:writes")
+            assert 96 <= kept <= 96 + 32, kept  # was 600
+            assert ttl > 0, ttl  # was -1: never expired
+            again = await backend.append_once("d", {"type": "document.changed", "n": 599},
+                                              "w-599")
+            assert again.seq == 1200  # the newest ids are still answered
+        finally:
+            await backend.close()
+
+
+async def test_a_queued_run_ended_unstarted_whose_reply_is_lost_ends_once() -> None:
+    """An edit while a run waited in line ends it `aborted`; the end's append lost its
+    reply and `_end_unstarted` tried it again under a new write id: two `run.finished`."""
+    marker = b'"type":"run.finished","run_id":"q-1"'
+    async with redis_process() as redis, DropReplyProxy(redis.port, marker) as proxy, \
+            running_server(redis_url=proxy.url, run_lease_s=3.0) as server, \
+            joined(server) as (alice, _), joined(server, client_id="b", sub="bob") as (bob, _):
+        await start(alice, script({"tool_calls": [{"name": "read_document",
+                                                   "arguments": {}}]}, {"say": "x"}),
+                    run_id="r-1")
+        await alice.recv_until("tool.call")
+        await bob.send({"type": "run.start", "id": "q", "run_id": "q-1",
+                        "prompt": script({"say": "queued"}), "tools": [],
+                        "options": {"if_busy": "enqueue"}})
+        assert (await bob.recv_until(lambda e: e.get("reply_to") == "q"))["type"] == "ack"
+        proxy.armed = True
+        await alice.send({"type": "editor.change", "document_version": 2, "origin": "user"})
+        await bob.recv_until(lambda e: e.get("type") == "run.finished"
+                             and e.get("run_id") == "q-1", timeout=15)
+        await asyncio.sleep(1.5)
+        assert proxy.fired.is_set()
+        ends = [e for e in await _log(redis.port, "doc-1")
+                if e["type"] == "run.finished" and e["run_id"] == "q-1"]
+        assert len(ends) == 1, ends  # was two
+        assert (ends[0]["status"], ends[0]["reason"]) == ("aborted", "document_changed")
+        assert len(of_run(bob.events, "q-1", "run.finished")) == 1

@@ -38,6 +38,7 @@ from server.agent.queue_edits import judge_waited
 from server.agent.run_state import RunState
 from server.backends.base import BackendUnavailable, UnloggableEvent
 from server.connection import Peer
+from server.log_groups import one_write
 from server.ports import EventLog
 
 logger = logging.getLogger("cowrite.agent")
@@ -196,6 +197,11 @@ class RunQueueMixin:
         start could not be announced, `aborted` when an edit while it waited ended it;
         logged once the backend takes it; then the next queued run's turn."""
         run_id = str(entry["run_id"])
+        with one_write(self.log.remote):  # every attempt one write: a lost reply, retried,
+            await self._end_unstarted_retrying(entry, ended, run_id)  # logs it once
+
+    async def _end_unstarted_retrying(self, entry: dict[str, Any], ended: RunFinished,
+                                      run_id: str) -> None:
         delay, deadline = QUEUE_RETRY_S / 8, time.monotonic() + UNSTARTED_RETRY_S
         while True:
             try:

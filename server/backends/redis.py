@@ -126,7 +126,6 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances, RedisPresence):
         self._failing = False  # the last call failed: Redis is out of reach
         self._back_at = -math.inf  # when a call worked again after failing (monotonic)
         self._renew_now = asyncio.Event()
-        self._unsure_writes: dict[str, None] = {}  # write ids whose append failed (in order)
         self.reconnects = 0
 
     # -- lifecycle ---------------------------------------------------------------
@@ -169,22 +168,12 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances, RedisPresence):
         # Serialized here, before the script takes a seq: UnloggableEvent leaves no gap.
         body = encode_event_body(event).decode()
         event_type = str(event["type"])
-        tried = write_id in self._unsure_writes  # only then looked up: perhaps done
-        try:
-            epoch, seq, frame, *again = await self._call(self._append(
-                keys=[*_keys(document_id), f"cw:{{{document_id}}}:writes"],
-                args=[uuid.uuid4().hex, body, self._clock.now_ms(), self._log_max_events,
-                      event_type, channel_of(document_id), write_id, WRITE_IDS_KEPT,
-                      WRITE_IDS_TTL_MS, "1" if tried else ""],
-            ))
-        except BackendUnavailable:
-            if write_id:
-                self._unsure_writes[write_id] = None
-                if len(self._unsure_writes) > 1000:  # bounded: never tried again, some
-                    del self._unsure_writes[next(iter(self._unsure_writes))]
-            raise
-        if tried:
-            del self._unsure_writes[write_id]
+        epoch, seq, frame, *again = await self._call(self._append(
+            keys=[*_keys(document_id), f"cw:{{{document_id}}}:writes"],
+            args=[uuid.uuid4().hex, body, self._clock.now_ms(), self._log_max_events,
+                  event_type, channel_of(document_id), write_id, WRITE_IDS_KEPT,
+                  WRITE_IDS_TTL_MS, ""],
+        ))
         logged = LoggedEvent(int(seq), event_type, frame)
         if not again:  # else done by an attempt whose reply was lost: its frame came by pub/sub
             self._deliver(document_id, epoch, logged)

@@ -29,14 +29,17 @@ redis.call('PUBLISH', {channel}, epoch .. ' ' .. seq .. ' ' .. {kind} .. ' ' .. 
 
 _INIT = _init("KEYS[1]", "KEYS[2]", "ARGV[1]")
 # An append with a write id (ARGV[7], "" for none) is done once: the ids of the last
-# ARGV[8] seqs are kept in KEYS[3] (a sorted set, score: the seq; trimmed and given the
-# TTL ARGV[9] ms every 32nd seq, so it stays a small listpack). An attempt of an id tried
-# before (ARGV[10] == '1': its reply was lost) that is there logs nothing and answers the
-# seq and frame of the first, with a 4th element 1; a first attempt only notes its id.
+# ARGV[8] or so appends that carried one are kept in KEYS[3] (a sorted set, score: the
+# seq; cut back to ARGV[8] once 32 more have come, its TTL ARGV[9] ms renewed by each, so
+# it stays a small listpack and leaves with an idle document). An id that is there logs
+# nothing and answers the seq and frame of the first attempt, with a 4th element 1: its
+# reply was lost, or another instance's janitor ended the same orphan. Every id is looked
+# up (ARGV[10] is unused): an id looked up only after this process saw it fail missed a
+# group retried whole after a later event failed, and another instance's retry.
 # An id whose entry left the log (Redis lost it) is appended again.
 APPEND_LUA = _INIT + """
 local write = ARGV[7]
-if ARGV[10] == '1' then
+if write ~= '' then
   local seen = redis.call('ZSCORE', KEYS[3], write)
   if seen then
     local entry = redis.call('XRANGE', KEYS[2], seen .. '-1', seen .. '-1')
@@ -46,10 +49,11 @@ end
 """ + _append("ARGV[2]", "ARGV[5]", "ARGV[3]", "ARGV[4]", "ARGV[6]") + """
 if write ~= '' then
   redis.call('ZADD', KEYS[3], seq, write)
-  if seq % 32 == 1 then
-    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', seq - tonumber(ARGV[8]))
-    redis.call('PEXPIRE', KEYS[3], ARGV[9])
+  local kept = tonumber(ARGV[8])
+  if redis.call('ZCARD', KEYS[3]) > kept + 32 then
+    redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -(kept + 1))
   end
+  redis.call('PEXPIRE', KEYS[3], ARGV[9])
 end
 return {epoch, seq, frame}
 """
