@@ -134,3 +134,36 @@ class DropReplyProxy(_Proxy):
         sink.write(data)
         await sink.drain()
         return True
+
+
+class DelayReplyProxy(_Proxy):
+    """Once `armed`, the first command containing the marker reaches Redis; the replies
+    on its connection are held until `release` is set (a slow reply: the write is done,
+    its writer does not know yet)."""
+
+    def __init__(self, redis_port: int, marker: bytes) -> None:
+        super().__init__(redis_port, marker)
+        self.armed = False
+        self.release = asyncio.Event()
+
+    async def __aenter__(self) -> "DelayReplyProxy":
+        await super().__aenter__()
+        return self
+
+    def _armed(self) -> bool:
+        return self.armed
+
+    async def _on_marker(self, data: bytes, sink: asyncio.StreamWriter,
+                         cut: asyncio.Event) -> bool:
+        cut.set()  # on this connection: replies wait for `release`
+        sink.write(data)
+        await sink.drain()
+        return True
+
+    async def _down(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter,
+                    upstream: asyncio.StreamWriter, cut: asyncio.Event) -> None:
+        while data := await source.read(65536):
+            if cut.is_set():
+                await self.release.wait()
+            sink.write(data)
+            await sink.drain()

@@ -17,7 +17,7 @@ from server.backends.redis import RedisBackend
 from server.ports import RunHandler
 from server.session import DocumentSession
 from tests.harness import Client, joined, running_server
-from tests.kill_proxy import DropReplyProxy
+from tests.kill_proxy import DelayReplyProxy, DropReplyProxy
 from tests.redis_support import redis_process
 from tests.runs import of_run, script, start
 
@@ -195,3 +195,29 @@ async def test_a_queued_run_ended_unstarted_whose_reply_is_lost_ends_once() -> N
         assert len(ends) == 1, ends  # was two
         assert (ends[0]["status"], ends[0]["reason"]) == ("aborted", "document_changed")
         assert len(of_run(bob.events, "q-1", "run.finished")) == 1
+
+
+async def test_a_welcome_while_a_tool_call_is_written_lists_it_as_pending() -> None:
+    """Redis has logged a `tool.call` and its reply is still on the way: a tab joining
+    then reads the head (the call in its replay) and the run's state (still the one
+    before the call): `active_run` said `running` with no pending call, and a client
+    that runs only replayed calls still listed there never ran it (the run waited out
+    its tool timeout). The snapshot is taken from the state being written."""
+    async with redis_process() as redis, \
+            DelayReplyProxy(redis.port, b'"type":"tool.call"') as proxy, \
+            running_server(redis_url=proxy.url, run_lease_s=30.0) as server, \
+            joined(server) as (alice, _):
+        proxy.armed = True
+        await start(alice, script({"tool_calls": [{"name": "read_document",
+                                                   "arguments": {}}]}, {"say": "x"}),
+                    run_id="r-1")
+        await asyncio.wait_for(proxy.fired.wait(), 10)
+        await asyncio.sleep(0.3)  # Redis has done it; the reply is held
+        calls = [e for e in await _log(redis.port, "doc-1") if e["type"] == "tool.call"]
+        assert len(calls) == 1
+        async with joined(server, client_id="tab-2") as (_, welcome):
+            assert welcome["last_seq"] >= calls[0]["seq"]  # the call is in its replay
+            active = welcome["active_run"]
+            assert active["status"] == "waiting_tool", active  # was "running"
+            assert [p["call_id"] for p in active["pending"]] == [calls[0]["call_id"]]
+        proxy.release.set()

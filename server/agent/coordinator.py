@@ -83,7 +83,12 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
         """The active run, whichever instance runs it (tokens only for its user)."""
         driver = self.active
         if driver is not None and not driver.state.finished:
-            return driver.state.snapshot(for_user)
+            # A decision being written (Redis): its events may be in the log already (a
+            # welcome reads the head first) while `state` waits for the write's reply; a
+            # resumed client then saw a replayed `tool.call` that `pending` lacked.
+            writing = driver.lease.announcing
+            return (writing if writing is not None and not writing.finished
+                    else driver.state).snapshot(for_user)
         record = await self._remote_record()
         if record is None or record.get("run_id") in self._seen_ended or \
                 record.get("status") in TERMINAL:  # its end is logged, its release not yet
