@@ -389,7 +389,9 @@ export declare class CowriteClient extends EventTarget {
    * `code` is "unsupported" and sends nothing.
    */
   startRun(run: StartRunOptions): Promise<AckEvent>;
-  cancelRun(runId: string, reason?: string): Promise<AckEvent>;
+  /** Resolves with `undefined` when the run's run.finished came while a cancel answered
+   * `unavailable` waited to be sent again. */
+  cancelRun(runId: string, reason?: string): Promise<AckEvent | undefined>;
   approve(runId: string, callId: string, how?: ApproveOptions): Promise<AckEvent>;
   reject(runId: string, callId: string, reason?: string): Promise<AckEvent>;
   /**

@@ -642,7 +642,15 @@ export class CowriteClient extends EventTarget {
       this.seq.onWelcome(event);
       if (!event.resumed) this.#forgetLostRuns(event.active_run);
       // Edits made while away come first: they happened before anything sent from now on.
-      for (const edit of this.unsentEdits.splice(0)) this.#sendEdit(edit);
+      // One too large even without its changes (a huge summary) goes without the summary:
+      // a throw here would leave the client welcomed yet never open, the rest unsent.
+      for (const edit of this.unsentEdits.splice(0)) {
+        try {
+          this.#sendEdit(edit);
+        } catch {
+          try { this.#sendEdit({ ...edit, summary: undefined, changes: undefined }); } catch { /* */ }
+        }
+      }
       this.#setState("open", { resumed: event.resumed, resumeFailed: event.resume_failed });
       this.#emit(event);
       this.#resumeToolCalls(event);

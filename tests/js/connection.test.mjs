@@ -590,6 +590,25 @@ test("a run.start whose ack was lost keeps the run's scope; only the server's re
 
 // -- 10. edits made while the connection is not open ----------------------------------------------
 
+test("a kept edit too large to send goes without its summary; the client still opens", async () => {
+  const { client, timers, ws } = await opened();
+  ws.serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: false,
+                  limits: { max_message_bytes: 4096 } });
+  ws.serverClose(1006);
+  client.editorChange({ documentVersion: 2, summary: "x".repeat(5000) });
+  client.editorChange({ origin: "agent", documentVersion: 3 });
+  timers.shift().fn();
+  await tick();
+  const again = Fake.all.at(-1);
+  again.serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: true, replayed: 0,
+                     limits: { max_message_bytes: 4096 } });
+  assert.equal(client.state, "open"); // was: stuck in "reconnecting", the welcome unhandled
+  assert.deepEqual(again.sent.filter((m) => m.type === "editor.change"), [
+    { type: "editor.change", origin: "user", document_version: 2 },
+    { type: "editor.change", origin: "agent", document_version: 3 },
+  ]);
+});
+
 test("editorChange while reconnecting is kept and sent after the next welcome, before anything else", async () => {
   const { client, timers, ws } = await opened();
   ws.serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: false, features: ["edit_scope"] });
