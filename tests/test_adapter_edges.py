@@ -12,7 +12,7 @@ import pytest
 
 from server.adapters import agui, ai_sdk_ws
 from tests.adapter_support import sse, user_message
-from tests.harness import Server, joined, token, ws_client
+from tests.harness import Server, joined, running_server, token, ws_client
 from tests.runs import REPLACE_DOC, call, script
 
 LEAKS = ("Traceback", "ValidationError", "validation error for", "pydantic", "Exception")
@@ -333,3 +333,20 @@ async def test_ai_sdk_websocket_answers_frames_refused_by_the_json_limits(server
         await socket.send({**_send_frame("ok", script({"say": "Fine."})), "id": "other"})
         assert (await socket.next_for("ok", ("start", "error")))["type"] == "start"
         assert (await socket.next_for("ok", ("end", "error")))["type"] == "end"
+
+
+async def test_ai_sdk_websocket_answers_a_send_over_the_size_limit() -> None:
+    """The transport sends the whole chat on every `send`: once it outgrew
+    COWRITE_MAX_MESSAGE_BYTES the frame was dropped and the request waited for ever
+    (the same body over HTTP is a 413 `too_large`)."""
+    async with running_server(max_message_bytes=4096) as server:
+        url = f"ws://127.0.0.1:{server.settings.port}/v1/ai-sdk/edge-ws4/ws?token=" \
+              f"{token('alice')}"
+        async with ws_client(url) as client:
+            socket = _Transport(client)
+            await socket.send(_send_frame("huge", "x" * 5000))
+            huge = await socket.next_for("huge", ("error", "start"))
+            assert huge["errorText"] == "too_large: frame larger than 4096 bytes"
+            await socket.send({**_send_frame("ok", script({"say": "Fine."})), "id": "other"})
+            assert (await socket.next_for("ok", ("start", "error")))["type"] == "start"
+            assert (await socket.next_for("ok", ("end", "error")))["type"] == "end"

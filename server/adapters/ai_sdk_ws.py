@@ -94,8 +94,9 @@ class _Socket:
             if message["type"] == "websocket.disconnect":
                 return
             text = message.get("text")
+            oversized = text is not None and len(text.encode()) > limit
             frame = decode_frame(text, settings.max_json_depth) \
-                if text is not None and len(text.encode()) <= limit else None
+                if text is not None and not oversized else None
             request_id = frame.get("requestId") if isinstance(frame, dict) else None
             if not isinstance(frame, dict) or not isinstance(request_id, str) or \
                     not 0 < len(request_id) <= 128:
@@ -103,16 +104,18 @@ class _Socket:
                     await self.ws.close(4400, "too many invalid frames in a row")
                     return
                 failure = frame if isinstance(frame, ParseFailure) else None
-                refused = _request_id_in(text) if failure is not None else None
-                if failure is not None and refused is not None:
-                    # Refused by the JSON limits (too deep, an integer beyond 64 bits; a
+                refused = _request_id_in(text) if failure is not None or oversized else None
+                if refused is not None:
+                    # Refused by the size or JSON limits (a chat's whole history over
+                    # COWRITE_MAX_MESSAGE_BYTES; too deep, an integer beyond 64 bits: a
                     # tool's output can hold either): answered, or the transport waited
                     # for ever. Frames with no request id to answer are dropped:
                     # WebSocketChatTransport never sends those.
+                    why = f"{failure.code.value}: {failure.message}" if failure is not None \
+                        else f"too_large: frame larger than {limit} bytes"
                     await self.write({"type": "error", "requestId": refused, "errorText":
                                       "rate_limited: too many messages on this socket"
-                                      if bucket.take() else
-                                      f"{failure.code.value}: {failure.message}"})
+                                      if bucket.take() else why})
                 continue
             streak.record_valid()
             if bucket.take():
