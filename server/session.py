@@ -55,6 +55,10 @@ HOT_SPINS = 64
 HOLD_MAX_S = 0.05
 
 
+# The client ids of the adapters' frontends (`<kind>:<chat>`, server/adapters/chat.py).
+PER_REQUEST_CLIENTS = ("ai-sdk:", "agui:")
+
+
 class _PendingDelta:
     __slots__ = ("message_id", "parts", "run_id", "since", "size", "write_id")
 
@@ -139,9 +143,15 @@ class DocumentSession:
         return [c for c in self.connections.values() if c.user_id == user_id]
 
     def has_client(self, user_id: str, client_id: str) -> bool:
-        """Whether the client (a run's executor) is connected to this instance."""
-        return any(c.client_id == client_id and c.user_id == user_id
-                   for c in self.connections.values())
+        """Whether the client (a run's executor) is connected to this instance. An
+        adapter's frontend (`PER_REQUEST_CLIENTS`) counts as present: it attaches per
+        request, so it is absent between requests by design (after its link was lost,
+        on the instance its run moved to), and the tool and approval timeouts bound its
+        waits; the client grace ended a run whose user read an approval prompt through
+        a rolling deploy after 30 s."""
+        return client_id.startswith(PER_REQUEST_CLIENTS) or any(
+            c.client_id == client_id and c.user_id == user_id
+            for c in self.connections.values())
 
     async def join(self, conn: Connection, hello: Hello) -> Welcome:
         """Attach `conn` and queue its welcome, its replay, then live events."""

@@ -10,7 +10,7 @@ import httpx
 import orjson
 import pytest
 
-from server.adapters import agui, ai_sdk_ws
+from server.adapters import agui, ai_sdk, ai_sdk_ws
 from tests.adapter_support import sse, user_message
 from tests.harness import Server, joined, running_server, token, ws_client
 from tests.runs import REPLACE_DOC, call, script
@@ -350,3 +350,11 @@ async def test_ai_sdk_websocket_answers_a_send_over_the_size_limit() -> None:
             await socket.send({**_send_frame("ok", script({"say": "Fine."})), "id": "other"})
             assert (await socket.next_for("ok", ("start", "error")))["type"] == "start"
             assert (await socket.next_for("ok", ("end", "error")))["type"] == "end"
+
+
+def test_the_adapters_client_ids_are_the_ones_counted_present_between_requests() -> None:
+    """`DocumentSession.has_client` counts an adapter's frontend present by its client id
+    prefix (`<kind>:<chat>`): a new adapter kind must be listed there too."""
+    from server.session import PER_REQUEST_CLIENTS
+
+    assert PER_REQUEST_CLIENTS == (f"{ai_sdk.KIND}:", f"{agui.KIND}:")

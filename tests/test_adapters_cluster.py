@@ -239,3 +239,32 @@ def test_a_live_stream_ends_the_discarded_message() -> None:
     events = [e.type for x in (delta, gone, again) for e in agui.translate(x, False)[0]]
     assert events == ["TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END",
                       "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT"]
+
+
+async def test_a_moved_chat_waits_for_its_frontend_longer_than_the_client_grace() -> None:
+    """An adapter's frontend attaches per request, so on the instance a run moved to it
+    is never connected between requests: the run counted it gone and ended it
+    `aborted`/`client_gone` after COWRITE_CLIENT_GRACE_S (a user reading an approval
+    prompt through a rolling deploy lost the run). The tool timeout bounds the wait."""
+    prompt = script({"say": "Reading.", "tool_calls": [call("read_document")]},
+                    {"say": "Read it."})
+    env = {**FAST_LEASE, "COWRITE_CLIENT_GRACE_S": "1"}
+    async with cluster(env=env) as (_, (one, two)), \
+            join(two, "doc-g", sub="bob", client_id="watcher") as (watcher, _), \
+            httpx.AsyncClient() as http:
+        status, first = await sse(http, "POST", _chat(one, "doc-g"), {
+            "id": "chat5", "messages": [user_message(prompt)], "tools": [READ]})
+        assert status == 200 and first[-2]["finishReason"] == "tool-calls"
+        await killed(one)
+        resumed = await watcher.recv_until("run.resumed", timeout=TAKEOVER_S)
+        assert resumed["reason"] == "owner_lost"
+        await asyncio.sleep(3)  # three times the client grace, the user still thinking
+        tool = first[-4]
+        assistant = {"id": first[0]["messageId"], "role": "assistant", "parts": [
+            {"type": "tool-read_document", "toolCallId": tool["toolCallId"],
+             "state": "output-available", "input": {}, "output": {"text": "hi"}}]}
+        status, rest = await sse(http, "POST", _chat(two, "doc-g"), {
+            "id": "chat5", "messages": [user_message(prompt), assistant]})
+        assert status == 200 and _text(rest) == "Read it."  # was 409: ended client_gone
+        finished = await watcher.recv_until("run.finished", timeout=TAKEOVER_S)
+        assert finished["status"] == "completed"
