@@ -1,8 +1,9 @@
 """TCP proxies in front of a redis-server that fail the instance using them at the
 moment it sends a command containing a marker: `KillProxy` SIGKILLs it (a crash at an
 exact point of a run, e.g. as it logs a `tool.call`), `DropReplyProxy` lets the
-command run and drops its reply (a connection lost after Redis acted). No timing
-could hit either point reliably."""
+command run and drops its reply (a connection lost after Redis acted),
+`DelayReplyProxy` holds its reply back. No timing could hit any of these points
+reliably."""
 
 import asyncio
 import contextlib
@@ -136,22 +137,18 @@ class DropReplyProxy(_Proxy):
         return True
 
 
-class DelayReplyProxy(_Proxy):
+class DelayReplyProxy(DropReplyProxy):
     """Once `armed`, the first command containing the marker reaches Redis; the replies
     on its connection are held until `release` is set (a slow reply: the write is done,
     its writer does not know yet)."""
 
     def __init__(self, redis_port: int, marker: bytes) -> None:
         super().__init__(redis_port, marker)
-        self.armed = False
         self.release = asyncio.Event()
 
     async def __aenter__(self) -> "DelayReplyProxy":
         await super().__aenter__()
         return self
-
-    def _armed(self) -> bool:
-        return self.armed
 
     async def _on_marker(self, data: bytes, sink: asyncio.StreamWriter,
                          cut: asyncio.Event) -> bool:
