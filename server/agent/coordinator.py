@@ -97,7 +97,7 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
         # (the owner frees the record just after): then the log says so.
         with contextlib.suppress(BackendUnavailable):
             if await run_ended_in_log(self.env.registry, self.document_id,
-                                      str(record.get("run_id"))):
+                                      str(record.get("run_id"))) is not None:
                 self.saw_run_end(str(record.get("run_id")))
                 return None
         fields = {k: v for k, v in record.items() if k in RunSnapshot.model_fields}

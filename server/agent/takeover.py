@@ -17,8 +17,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Literal
 
-import orjson
-
 from server.agent.admission import toolbox_for
 from server.agent.checkpoint import to_checkpoint
 from server.agent.checkpoint_parts import join_checkpoint
@@ -27,7 +25,7 @@ from server.agent.environment import RunEnvironment
 from server.agent.run_state import TERMINAL, RunState
 from server.agent.steps import LeaseLost, Resume
 from server.agent.work import now_ms
-from server.backends.base import BackendUnavailable, RunRegistry
+from server.backends.base import BackendUnavailable, RunRegistry, run_ended_in_log
 from server.ports import EventLog, LocalPresence
 
 logger = logging.getLogger("cowrite.agent")
@@ -40,44 +38,29 @@ async def let_go_if_ended(registry: RunRegistry, instance_id: str, document_id: 
     ended: then its final record is written if missing and the document freed, with
     nothing announced. Taken over, such a run came back to life (`run.resumed`, its
     answer again and a second `run.finished`; a cancelled run waited on its call again,
-    the document busy)."""
+    the document busy). Its end is written with its last checkpoint (`driver.py`), its
+    final record before the document is freed, and the `run.finished` of an ending
+    logged another way is among the log's last events."""
     run_id = str(record.get("run_id"))
-    status = await _ended_status(registry, document_id, record, run_id)
+    checkpoint = record.get("checkpoint")
+    status = next((str(s) for s in (record.get("status"), checkpoint.get("status")
+                                    if isinstance(checkpoint, dict) else None)
+                   if s in TERMINAL), None)
+    final = await registry.get_run_record(document_id, run_id)
+    final_status = final.get("status") if final is not None else None
+    recorded = final_status in TERMINAL
+    status = status or (str(final_status) if recorded else None) or \
+        await run_ended_in_log(registry, document_id, run_id, STREAMED_LOOKBACK)
     if status is None:
         return False
     logger.warning("run %s had ended (%s) before its owner freed it; freeing it", run_id,
                    status, extra={"document_id": document_id, "run_id": run_id})
-    final = await registry.get_run_record(document_id, run_id)
-    if final is None or final.get("status") not in TERMINAL:
+    if not recorded:
         await registry.put_run_record(document_id, run_id, {
             "status": status, "user_id": record.get("user_id"),
             "client_id": record.get("client_id")})
     await registry.release_run(document_id, run_id, instance_id)
     return True
-
-
-async def _ended_status(registry: RunRegistry, document_id: str, record: dict[str, Any],
-                        run_id: str) -> str | None:
-    """The run's final status if it ended: its end is written with its last checkpoint
-    (`driver.py`), its final record before the document is freed, and the `run.finished`
-    of an ending logged another way is among the log's last events."""
-    checkpoint = record.get("checkpoint")
-    for status in (record.get("status"),
-                   checkpoint.get("status") if isinstance(checkpoint, dict) else None):
-        if status in TERMINAL:
-            return str(status)
-    final = await registry.get_run_record(document_id, run_id)
-    if final is not None and final.get("status") in TERMINAL:
-        return str(final["status"])
-    head = await registry.head(document_id)
-    tail = await registry.read_after(document_id, head.epoch,
-                                     max(0, head.last_seq - STREAMED_LOOKBACK))
-    for event in tail if isinstance(tail, list) else ():
-        if event.type == "run.finished":
-            frame = orjson.loads(event.frame)
-            if frame.get("run_id") == run_id:
-                return str(frame.get("status"))
-    return None
 
 
 class TakeoverMixin:

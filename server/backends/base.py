@@ -286,11 +286,16 @@ ENDED_LOOKBACK = 64
 logging `run.finished`, so only the few events logged in between can follow it."""
 
 
-async def run_ended_in_log(registry: RunRegistry, document_id: str, run_id: str) -> bool:
-    """Whether `run.finished` of `run_id` is among the document's last events."""
+async def run_ended_in_log(registry: RunRegistry, document_id: str, run_id: str,
+                           lookback: int = ENDED_LOOKBACK) -> str | None:
+    """The status of `run_id`'s `run.finished` if it is among the document's last
+    `lookback` events, else None."""
     head = await registry.head(document_id)
     tail = await registry.read_after(document_id, head.epoch,
-                                     max(0, head.last_seq - ENDED_LOOKBACK), head.last_seq)
-    return isinstance(tail, list) and any(
-        event.type == "run.finished" and orjson.loads(event.frame).get("run_id") == run_id
-        for event in tail)
+                                     max(0, head.last_seq - lookback), head.last_seq)
+    for event in tail if isinstance(tail, list) else ():
+        if event.type == "run.finished":
+            frame = orjson.loads(event.frame)
+            if frame.get("run_id") == run_id:
+                return str(frame.get("status"))
+    return None

@@ -72,7 +72,7 @@ RUN_RECORD_TTL_S = 86_400
 READ_CHUNK = 1000
 # Write ids remembered per document (APPEND_LUA): an append tried again after this many
 # other events of its document were logged would be logged twice. A retry comes within
-# seconds (`publish_retrying`, a held delta's next flush); 96 (+31 before a trim) keep the
+# seconds (`publish_retrying`, a held delta's next flush); 96 (+32 before a cut) keep the
 # set a listpack (zset-max-listpack-entries 128): about 3 KB per document.
 WRITE_IDS_KEPT = 96
 WRITE_IDS_TTL_MS = 600_000
@@ -172,7 +172,7 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances, RedisPresence):
             keys=[*_keys(document_id), f"cw:{{{document_id}}}:writes"],
             args=[uuid.uuid4().hex, body, self._clock.now_ms(), self._log_max_events,
                   event_type, channel_of(document_id), write_id, WRITE_IDS_KEPT,
-                  WRITE_IDS_TTL_MS, ""],
+                  WRITE_IDS_TTL_MS],
         ))
         logged = LoggedEvent(int(seq), event_type, frame)
         if not again:  # else done by an attempt whose reply was lost: its frame came by pub/sub

@@ -34,8 +34,8 @@ _INIT = _init("KEYS[1]", "KEYS[2]", "ARGV[1]")
 # it stays a small listpack and leaves with an idle document). An id that is there logs
 # nothing and answers the seq and frame of the first attempt, with a 4th element 1: its
 # reply was lost, or another instance's janitor ended the same orphan. Every id is looked
-# up (ARGV[10] is unused): an id looked up only after this process saw it fail missed a
-# group retried whole after a later event failed, and another instance's retry.
+# up: an id looked up only after this process saw it fail missed a group retried whole
+# after a later event failed, and another instance's retry.
 # An id whose entry left the log (Redis lost it) is appended again.
 APPEND_LUA = _INIT + """
 local write = ARGV[7]
