@@ -213,6 +213,9 @@ class Settings(BaseSettings):
         if self.metrics_token is not None and not self.metrics_token.get_secret_value().strip():
             raise ValueError("COWRITE_METRICS_TOKEN is empty: give a token, or unset it to "
                              "serve /metrics without one")  # empty left /metrics open
+        if not self.model.strip():  # every run's model request then failed upstream
+            raise ValueError("COWRITE_MODEL is empty: give the model name the OpenAI-compatible "
+                             "server serves, or unset it for the default")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ValueError("COWRITE_LOG_LEVEL must be one of debug, info, warning, error, "
                              "critical")

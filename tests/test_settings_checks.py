@@ -120,6 +120,13 @@ def test_mcp_retry_delays_must_be_in_order(monkeypatch: pytest.MonkeyPatch) -> N
     assert len(found) == 1 and "COWRITE_MCP_RETRY_MIN_S must not exceed" in found[0], found
 
 
+@pytest.mark.parametrize("value", ["", "   "])
+def test_an_empty_model_name_stops_the_start(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`COWRITE_MODEL=` started, and every run then failed at the upstream."""
+    found = problems({"COWRITE_MODEL": value}, monkeypatch)
+    assert len(found) == 1 and found[0].startswith("COWRITE_MODEL is empty"), found
+
+
 def test_zero_keeps_its_documented_meaning(monkeypatch: pytest.MonkeyPatch) -> None:
     """README's table gives these a meaning at 0 (OS-picked port, no cap, disabled,
     never, none): they stay accepted."""
