@@ -152,6 +152,20 @@ def _dev_request_is_local(request: Request) -> bool:
         origin is None or origin in (f"http://{host}", f"https://{host}"))
 
 
+DEV_TOKEN_BODY_MAX = 65_536
+
+
+async def _small_body(request: Request, limit: int) -> bytes | None:
+    """The body, or None once it passes `limit` bytes (the rest is not read: a dev
+    token request is a few hundred bytes, and a body of any size was held in memory)."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
 def _json(data: Any, status_code: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status_code, media_type="application/json")
 
@@ -260,8 +274,11 @@ def create_app(settings: Settings | None = None) -> Starlette:
         if not _dev_request_is_local(request):
             return _json({"error": "forbidden: a loopback Host, a JSON body and no other "
                                    "site's Origin are required"}, 403)
+        raw = await _small_body(request, DEV_TOKEN_BODY_MAX)
+        if raw is None:
+            return _json({"error": f"request body larger than {DEV_TOKEN_BODY_MAX} bytes"}, 413)
         try:
-            body = DevTokenRequest.model_validate_json(await request.body())
+            body = DevTokenRequest.model_validate_json(raw)
         except ValidationError as exc:
             return _json({"error": "invalid request", "details": exc.errors(include_url=False,
                           include_context=False, include_input=False)}, 422)

@@ -3,6 +3,7 @@ security review; each case was reproduced first): hold memory and sockets, hold 
 handshake slots, cancel a run it may only watch."""
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -148,3 +149,18 @@ async def test_the_dev_token_needs_a_loopback_host_a_json_body_and_no_other_orig
         same_site = {**json_type, "origin": server.http}
         assert (await http.post("/v1/dev/token", content=body, headers=same_site)
                 ).status_code == 200
+
+
+async def test_a_dev_token_body_past_64_kib_is_refused_unread() -> None:
+    """The dev token's body was read whole, whatever its size (chunked, no length)."""
+    async with running_server(dev=True) as server, httpx.AsyncClient(base_url=server.http) as http:
+        async def endless() -> AsyncIterator[bytes]:
+            for _ in range(4096):  # 256 MiB if it were all read
+                yield b" " * 65_536
+
+        answer = await http.post("/v1/dev/token", content=endless(),
+                                 headers={"content-type": "application/json"})
+        assert answer.status_code == 413 and "larger than 65536 bytes" in answer.json()["error"]
+        small = await http.post("/v1/dev/token", content=orjson.dumps({"user": "eve"}),
+                                headers={"content-type": "application/json"})
+        assert small.status_code == 200 and small.json()["token"]
