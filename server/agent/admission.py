@@ -87,4 +87,5 @@ def first_state(message: RunStart, env: RunEnvironment, user_id: str, client_id:
 def toolbox_for(state: RunState, env: RunEnvironment) -> ToolBox:
     if state.mode != "agent":
         return ToolBox([], None)
-    return ToolBox(state.client_tools, env.tools, state.tool_allowlist, state.approval_tools)
+    return ToolBox(state.client_tools, env.tools, state.tool_allowlist, state.approval_tools,
+                   env.settings.max_json_depth)

@@ -127,7 +127,7 @@ class OpenAIChat:
                     if delta is None:
                         continue
                     if delta.content:
-                        yield TextChunk(delta.content)
+                        yield TextChunk(unicode_text(delta.content))
                     for part in delta.tool_calls or ():
                         calls.add(part)
             requested = calls.requests()
@@ -175,8 +175,22 @@ class _ToolCalls:
             if not slot["name"]:
                 raise ModelError("bad_request", public=f"the model sent a tool call (number "
                                                        f"{number}) without a name")
-        return [ToolCallRequest(slot["id"], slot["name"], slot["arguments"] or "{}")
-                for slot in slots]
+        return [ToolCallRequest(unicode_text(slot["id"]), unicode_text(slot["name"]),
+                                unicode_text(slot["arguments"]) or "{}") for slot in slots]
+
+
+def unicode_text(text: str) -> str:
+    """`text` with each lone surrogate as U+FFFD. JSON may escape one (`"\\ud800"`) and
+    the SDK's decoder lets it through; UTF-8 cannot hold it, so the log refused the
+    event: the run failed, or never ended, and the thread's history stayed unreadable.
+    A pair cut across chunks (joined here for tool calls) is kept whole."""
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
 
 
 def _slot() -> dict[str, str]:

@@ -16,6 +16,8 @@ import jsonschema
 import orjson
 
 from protocol.client import ToolSpec
+from protocol.jsonlimits import nesting_over
+from protocol.parsing import DEFAULT_MAX_JSON_DEPTH
 from server.ports import ServerTools
 from server.records import quick_init
 from server.tools.schemas import ArgumentCheck, argument_check
@@ -24,6 +26,10 @@ SCHEMA_CHECKS_CACHED = 512
 VERDICTS_KEPT = 64  # per run
 VERDICT_MAX_CHARS = 1024
 _UNKNOWN: Any = object()
+# How deep a frontend's answer holds a call's arguments: an AI SDK chat message holds
+# them five levels down (body, messages, message, parts, part); the depth limit of
+# every incoming frame applies to the whole answer.
+ARGUMENTS_CARRIER_DEPTH = 8
 # canonical schema JSON -> why it is not a valid object schema (None: it is).
 # Editors declare the same few tools on every run.start, and the metaschema
 # check costs ~0.2 ms per tool (the largest share of admitting a run), so its
@@ -89,7 +95,8 @@ class ToolBox:
 
     def __init__(self, client_tools: Iterable[ToolSpec], server: ServerTools | None,
                  allow: frozenset[str] | None = None,
-                 approval: frozenset[str] = frozenset()) -> None:
+                 approval: frozenset[str] = frozenset(),
+                 max_json_depth: int = DEFAULT_MAX_JSON_DEPTH) -> None:
         def allowed(name: str) -> bool:
             return allow is None or name in allow
 
@@ -98,6 +105,9 @@ class ToolBox:
         self.server = {spec.name: spec for spec in (server.specs() if server else [])
                        if spec.name not in self.client and allowed(spec.name)}
         self._approval = approval
+        # arguments nested deeper could not come back in an answer (COWRITE_MAX_JSON_DEPTH)
+        self._arguments_depth = max(1, max_json_depth - ARGUMENTS_CARRIER_DEPTH) \
+            if max_json_depth > 0 else 0
         self._offered: list[dict[str, Any]] | None = None
         self._checks = {name: _usable(name, argument_check(name, tool.parameters))
                         for name, tool in self.client.items()}
@@ -135,9 +145,11 @@ class ToolBox:
         if not isinstance(arguments, dict):
             return f"arguments of {name} must be a JSON object"
         try:  # they travel in tool.call events: the log must be able to hold them
-            orjson.dumps(arguments)
+            encoded = orjson.dumps(arguments)
         except (TypeError, ValueError):
             return f"arguments of {name} are nested too deeply"
+        if nesting_over(encoded, self._arguments_depth):
+            return f"arguments of {name} nest deeper than {self._arguments_depth} levels"
         extra_approval = name in self._approval
         if name in self.client:
             key = (name, raw_arguments) if isinstance(raw_arguments, str) and \

@@ -73,6 +73,7 @@ STOP_GRACE_S = 1.0  # a cancelled tool gets this long to stop before it is left 
 
 def _failed(message: str, code: str) -> ToolInvocation:
     encoded = message.encode("utf-8", "replace")
+    message = encoded.decode()  # a lone surrogate (a file name os.fsdecode kept) failed the run
     if len(encoded) > MAX_ERROR_BYTES:  # bytes, not characters: 4096 emoji were 16 KB
         kept = encoded[:MAX_ERROR_BYTES].decode("utf-8", "ignore")
         message = f"{kept} [... {len(encoded) - len(kept.encode())} more bytes cut]"

@@ -166,4 +166,6 @@ def load_config(path: Path) -> CowriteConfig:
         raise ConfigError(f"COWRITE_CONFIG {path}: not valid TOML ({exc})") from None
     except UnicodeDecodeError:
         raise ConfigError(f"COWRITE_CONFIG {path}: not valid TOML (not UTF-8)") from None
+    except RecursionError:  # `x = [[[...]]]`: a traceback and exit 1, not one line
+        raise ConfigError(f"COWRITE_CONFIG {path}: not valid TOML (nested too deeply)") from None
     return parse_config(data, f"COWRITE_CONFIG {path}")
