@@ -525,11 +525,6 @@ async def test_an_mcp_reply_that_is_not_json_is_a_timeout_and_the_run_goes_on(
         assert_clean(client.events)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: server/tools/mcp_source.py McpServer.call takes any MCPError whose code is "
-    "CONNECTION_CLOSED (-32000) for a lost connection; -32000 is also the JSON-RPC code "
-    "servers send for their own errors, so such a refusal says 'went away', restarts the "
-    "MCP server and its tools vanish (the next call is an unknown tool)"))
 async def test_an_mcp_error_reply_is_a_refusal_and_the_server_stays_up(tmp_path: Path) -> None:
     async with running_server(config=mcp_file(tmp_path)) as srv, joined(srv) as (client, _):
         await mcp_ready(srv)

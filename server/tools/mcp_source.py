@@ -147,7 +147,7 @@ class McpConnection:
         try:
             result = await client.call_tool(mcp_name, arguments)
         except MCPError as exc:
-            if exc.code == mcp_types.CONNECTION_CLOSED:
+            if _closed(exc):
                 self._connection_lost(client)
                 raise ToolUnavailable(f"MCP server {self.name} went away during the call") from exc
             log.warning("mcp server %s refused %s: %s", self.name, mcp_name, exc.error.message)
@@ -326,3 +326,12 @@ class McpConnection:
         if tools != self.tools:
             self.tools = tools
             self._notify()
+
+
+def _closed(exc: MCPError) -> bool:
+    """Whether the SDK raised `exc` because the connection closed. Its code for that,
+    -32000 (`CONNECTION_CLOSED`), is also the usual JSON-RPC code of a server's own
+    failures: those were taken for a lost connection, the server restarted and its
+    tools gone for the next call. The SDK's own error has exactly this message."""
+    return exc.code == mcp_types.CONNECTION_CLOSED and exc.error.message == "Connection closed" \
+        and exc.error.data is None
