@@ -16,9 +16,12 @@ interrupt, id = tool call id, reason `tool_approval`); the next input's
 `cancelled` = reject). The run's end: `RUN_FINISHED`, or `RUN_ERROR`
 (`code` = status, e.g. `aborted:document_changed`). A response whose link the
 server closed (a drain, the document log reset) ends with `RUN_ERROR` (`code`
-`connection_lost`) while the run goes on. A run that moves to another instance
-mid-text ends the discarded message (`TEXT_MESSAGE_END`; its text stays) and
-streams the answer again as a new message.
+`connection_lost`) while the run goes on. An input sent again whose answer the
+run applied (its first request failed) streams the rest again, once, if it
+never reached the frontend (delivery.py), with that input's ids. A run that
+moves to another instance mid-text ends the discarded message
+(`TEXT_MESSAGE_END`; its text stays) and streams the answer again as a new
+message.
 """
 
 from collections.abc import AsyncIterator
@@ -62,6 +65,7 @@ from protocol.server import (
 )
 from server.adapters.ai_sdk import thread_for
 from server.adapters.chat import ChatRun, ChatRuns
+from server.adapters.chat_run import Kind
 from server.adapters.http import (
     HttpFailure,
     bearer_token,
@@ -185,36 +189,72 @@ def _parse(data: dict[str, Any]) -> RunAgentInput:
     return parsed
 
 
+def _approved(entry: Any, index: int) -> bool:
+    """Whether a `resume` entry approves (`resolved` with `payload.approved`, default
+    true); a 400 when its payload is neither absent nor an object with a boolean."""
+    payload = {} if entry.payload is None else entry.payload
+    approved = payload.get("approved", True) if isinstance(payload, dict) else None
+    if not isinstance(approved, bool):  # `false`, "reject", 0 must not approve
+        problem = "a resume payload is an object whose `approved` is true or false"
+        raise HttpFailure(ErrorCode.INVALID_MESSAGE, problem, details=[
+            {"loc": ["resume", index, "payload"], "msg": problem}])
+    return entry.status == "resolved" and approved
+
+
+def _tool_outcome(message: Any) -> tuple[str, Any]:
+    """A `tool` message as ("error", its message) or ("ok", its output: JSON text parsed)."""
+    error = getattr(message, "error", None)
+    if error:
+        return "error", str(error)
+    content = message.content
+    if not isinstance(content, str):
+        return "ok", [part.model_dump(mode="json", by_alias=True) for part in content]
+    try:
+        return "ok", orjson.loads(content)  # a tool returning JSON sends it as text
+    except orjson.JSONDecodeError:
+        return "ok", content
+
+
 def _answer(run: ChatRun[BaseEvent], data: RunAgentInput) -> Any:
     """The tool result or approval this input carries for the run's pending call."""
     for index, entry in enumerate(data.resume or []):
         if entry.interrupt_id in run.pending:
-            payload = {} if entry.payload is None else entry.payload
-            approved = payload.get("approved", True) if isinstance(payload, dict) else None
-            if not isinstance(approved, bool):  # `false`, "reject", 0 must not approve
-                problem = "a resume payload is an object whose `approved` is true or false"
-                raise HttpFailure(ErrorCode.INVALID_MESSAGE, problem, details=[
-                    {"loc": ["resume", index, "payload"], "msg": problem}])
+            payload = entry.payload if isinstance(entry.payload, dict) else {}
             reason = payload.get("reason")
-            return run.approval(entry.interrupt_id, entry.status == "resolved" and approved,
+            return run.approval(entry.interrupt_id, _approved(entry, index),
                                 reason if isinstance(reason, str) else None)
     for message in data.messages:
         call_id = getattr(message, "tool_call_id", None)
         if message.role == "tool" and call_id in run.pending:
-            error = getattr(message, "error", None)
-            if error:
-                return run.tool_result(call_id, error={"message": str(error)})
-            content = message.content
-            output: Any
-            if isinstance(content, str):
-                try:
-                    output = orjson.loads(content)  # a tool returning JSON sends it as text
-                except orjson.JSONDecodeError:
-                    output = content
-            else:
-                output = [part.model_dump(mode="json", by_alias=True) for part in content]
-            return run.tool_result(call_id, output=output)
+            status, value = _tool_outcome(message)
+            if status == "error":
+                return run.tool_result(call_id, error={"message": value})
+            return run.tool_result(call_id, output=value)
     return None
+
+
+def _applied(run: ChatRun[BaseEvent], data: RunAgentInput) -> tuple[Kind, str, int] | None:
+    """The call whose answer this input repeats, when it is the run's latest answered
+    call and the run applied this very answer (`ChatRun.applied`), with the segment
+    that followed it."""
+    resumed = {entry.interrupt_id: (index, entry) for index, entry in
+               enumerate(data.resume or [])}
+    results = {m.tool_call_id: m for m in data.messages
+               if m.role == "tool" and isinstance(getattr(m, "tool_call_id", None), str)}
+    keys: list[tuple[Kind, str]] = [("approval", call_id) for call_id in resumed]
+    keys += [("tool", call_id) for call_id in results]
+    latest = run.latest_answered(keys)
+    if latest is None:
+        return None
+    kind, call_id = latest
+    if kind == "approval":
+        index, entry = resumed[call_id]
+        segment = run.applied(kind, call_id, "approve" if _approved(entry, index) else "reject")
+    else:
+        status, value = _tool_outcome(results[call_id])
+        segment = run.applied(kind, call_id, status, output=value) if status == "ok" \
+            else run.applied(kind, call_id, status, error_message=value)
+    return None if segment is None else (kind, call_id, segment)
 
 
 def _answers_something(data: RunAgentInput) -> bool:
@@ -242,13 +282,15 @@ def _prompt(data: RunAgentInput) -> str:
 
 
 async def _open(services: Services, runs: ChatRuns, document_id: str, request: Request,
-                data: RunAgentInput) -> tuple[ChatRun[BaseEvent], int]:
+                data: RunAgentInput) -> tuple[ChatRun[BaseEvent], int, bool]:
+    """The run and where to stream it from; True when what is streamed was made for an
+    earlier request (an answer the run applied, sent again: `_ids_of`)."""
     principal = principal_for(services, bearer_token(request), document_id)
     answering = _is_answer(data)
     existing = runs.get(KIND, document_id, data.thread_id, principal.user_id)
+    translator_for = lambda _run_id: AguiTranslator(data.thread_id, data.run_id)  # noqa: E731
     if existing is None and _answers_something(data):
-        found = await runs.find(KIND, document_id, data.thread_id, principal,
-                                lambda _run_id: AguiTranslator(data.thread_id, data.run_id))
+        found = await runs.find(KIND, document_id, data.thread_id, principal, translator_for)
         if isinstance(found, Error) and answering:  # another user's run: 403
             raise HttpFailure.of(found)
         # A prompt whose history holds tool messages goes on as that user's prompt.
@@ -261,14 +303,23 @@ async def _open(services: Services, runs: ChatRuns, document_id: str, request: R
         assert isinstance(translator, AguiTranslator)
         previous, translator.ids = translator.ids, (data.thread_id, data.run_id)
         answer = await existing.answer(message)
-        if isinstance(answer, Error):
-            translator.ids = previous
+        if not isinstance(answer, Error) and not answer.duplicate:
+            return existing, existing.segment_start, False
+        translator.ids = previous
+        if isinstance(answer, Error) and answer.code != ErrorCode.CALL_NOT_PENDING:
             raise HttpFailure.of(answer)
-        return existing, existing.segment_start
-    if answering:
-        raise HttpFailure(ErrorCode.CALL_NOT_PENDING, "this input answers no pending tool "
-                          "call or approval of this thread (a new prompt ends with the "
-                          "user's message and has no resume entries)")
+    if answering:  # nothing pending: an answer the run applied, sent again?
+        again = await runs.redelivery(KIND, document_id, data.thread_id, principal,
+                                      translator_for, existing, lambda run: _applied(run, data))
+        if again is None:
+            raise HttpFailure(ErrorCode.CALL_NOT_PENDING, "this input answers no pending tool "
+                              "call or approval of this thread (a new prompt ends with the "
+                              "user's message and has no resume entries)")
+        if not again[0].finished:  # what follows is this request's
+            translator = again[0].translator
+            assert isinstance(translator, AguiTranslator)
+            translator.ids = (data.thread_id, data.run_id)
+        return again[0], again[1], True
     prompt = _prompt(data)
     if not prompt:
         raise HttpFailure(ErrorCode.INVALID_MESSAGE, "no user message to run, and no answer to "
@@ -293,7 +344,18 @@ async def _open(services: Services, runs: ChatRuns, document_id: str, request: R
                            AguiTranslator(data.thread_id, data.run_id))
     if isinstance(run, Error):
         raise HttpFailure.of(run)
-    return run, 0
+    return run, 0, False
+
+
+async def _ids_of(events: AsyncIterator[BaseEvent], ids: tuple[str, str]
+                  ) -> AsyncIterator[BaseEvent]:
+    """`events` with the request's (threadId, runId) in `RUN_STARTED` / `RUN_FINISHED`:
+    each response carries its own request's ids, also when it streams again a segment
+    made for an earlier request."""
+    async for event in events:
+        if isinstance(event, (RunStartedEvent, RunFinishedEvent)):
+            event = event.model_copy(update={"thread_id": ids[0], "run_id": ids[1]})
+        yield event
 
 
 async def _sse(events: AsyncIterator[BaseEvent]) -> AsyncIterator[str]:
@@ -311,12 +373,15 @@ async def post_agui(request: Request) -> Response:
         # before the token was looked at, so anyone could hold memory and sockets.
         principal_for(services, bearer_token(request), document_id)
         data = _parse(await read_object(request, services))
-        run, start = await _open(services, request.app.state.chat_runs, document_id,
-                                 request, data)
+        run, start, again = await _open(services, request.app.state.chat_runs, document_id,
+                                        request, data)
     except HttpFailure as failure:
         return failure.response()
     except BackendUnavailable:
         return HttpFailure(ErrorCode.UNAVAILABLE, "the shared backend is unavailable; retry "
                            "shortly", retry_after_ms=1000).response()
-    return StreamingResponse(_sse(run.follow(start)), media_type="text/event-stream",
+    events = run.follow(start)
+    if again:
+        events = _ids_of(events, (data.thread_id, data.run_id))
+    return StreamingResponse(_sse(events), media_type="text/event-stream",
                              headers={"cache-control": "no-cache", "x-accel-buffering": "no"})

@@ -4,8 +4,9 @@
   Answers one segment of the run's UI message stream as SSE
   (`x-vercel-ai-ui-message-stream: v1`, ending `data: [DONE]`).
 - `GET /v1/ai-sdk/{document_id}/chat/{chat_id}/stream`: `reconnectToStream`;
-  replays the active run's stream from its start and follows it; 204 when
-  this chat has no active run.
+  replays the active run's stream from its start and follows it; else the
+  chat's last run, once, when it ended within `delivery.WINDOW_S` and its end
+  never reached the frontend; 204 otherwise.
 - `GET /v1/ai-sdk/{document_id}/ws`: `WebSocketChatTransport` frames.
 
 A request whose last message is the user's starts a run (its text parts are
@@ -13,12 +14,14 @@ the prompt; earlier messages are not sent to the model: cowrite keeps the
 document's own history). A request whose last message is the assistant's
 answers the chat's pending client tool call (a tool part in
 `output-available` / `output-error`) or approval (`approval-responded`) and
-streams the rest of the same run. The chunk mapping is in `ai_sdk_chunks`.
+streams the rest of the same run; sent again after the run applied it (its
+first request failed), it streams that rest once more if it never reached the
+frontend (delivery.py). The chunk mapping is in `ai_sdk_chunks`.
 """
 
 import re
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -37,6 +40,7 @@ from server.adapters.ai_sdk_chunks import (
     discarded_text,
 )
 from server.adapters.chat import ChatRun, ChatRuns
+from server.adapters.chat_run import Kind
 from server.adapters.http import (
     HttpFailure,
     bearer_token,
@@ -120,24 +124,71 @@ def _answer_in(run: ChatRun[Chunk], message: dict[str, Any]) -> Any:
     return None
 
 
+def _applied_in(run: ChatRun[Chunk], message: dict[str, Any]) -> tuple[Kind, str, int] | None:
+    """The call whose answer the assistant message repeats, when it is the run's latest
+    answered call and the run applied this very answer (`ChatRun.applied`), with the
+    segment that followed it: the call, and where to stream from."""
+    parts = message.get("parts")
+    by_call = {p["toolCallId"]: p for p in (parts if isinstance(parts, list) else ())
+               if isinstance(p, dict) and isinstance(p.get("toolCallId"), str)}
+    latest = run.latest_answered((kind, call_id) for call_id in by_call
+                                 for kind in ("tool", "approval"))
+    if latest is None:
+        return None
+    kind, call_id = latest
+    part = by_call[call_id]
+    state, approval = part.get("state"), part.get("approval")
+    segment: int | None = None
+    if kind == "tool" and state == "output-available":
+        segment = run.applied(kind, call_id, "ok", output=part.get("output"))
+    elif kind == "tool" and state == "output-error":
+        segment = run.applied(kind, call_id, "error",
+                              error_message=str(part.get("errorText", "")))
+    elif kind == "approval" and state == "approval-responded" and isinstance(approval, dict) \
+            and isinstance(approval.get("approved"), bool):
+        segment = run.applied(kind, call_id, "approve" if approval["approved"] else "reject")
+    return None if segment is None else (kind, call_id, segment)
+
+
+class Segment(NamedTuple):
+    """What a request streams: `run`'s items from `start`, live, or as a replay (no
+    answered call asked again, no discarded text: `replayed`)."""
+
+    run: ChatRun[Chunk]
+    start: int
+    replay: bool = False
+
+    def chunks(self) -> AsyncIterator[Chunk]:
+        return replayed(self.run, self.start) if self.replay else self.run.follow(self.start)
+
+
 async def open_segment(services: Services, runs: ChatRuns, document_id: str,
-                       principal: Principal, request: ChatRequest) -> tuple[ChatRun[Chunk], int]:
-    """Start the chat's run or deliver the frontend's answer; the run and where to stream from."""
+                       principal: Principal, request: ChatRequest) -> Segment:
+    """Start the chat's run or deliver the frontend's answer: what to stream. An answer
+    the run already applied whose segment never reached the frontend (its request
+    was answered `unavailable`, its stream broke off) streams that segment again."""
     last = request.messages[-1]
     if last.get("role") == "assistant":
         existing = await runs.find(KIND, document_id, request.id, principal, AiSdkTranslator)
         if isinstance(existing, Error):
             raise HttpFailure.of(existing)
         message = _answer_in(existing, last) if existing is not None else None
-        if existing is None or message is None:
-            raise HttpFailure(ErrorCode.CALL_NOT_PENDING, "the last message answers no pending "
-                              "tool call or approval of this chat")
-        if principal.user_id != existing.link.conn.user_id:
-            raise HttpFailure(ErrorCode.FORBIDDEN, "only the run's user may answer it")
-        answer = await existing.answer(message)
-        if isinstance(answer, Error):
-            raise HttpFailure.of(answer)
-        return existing, existing.segment_start
+        if existing is not None and message is not None:
+            if principal.user_id != existing.link.conn.user_id:
+                raise HttpFailure(ErrorCode.FORBIDDEN, "only the run's user may answer it")
+            answer = await existing.answer(message)
+            if isinstance(answer, Error) and answer.code != ErrorCode.CALL_NOT_PENDING:
+                raise HttpFailure.of(answer)
+            if not isinstance(answer, Error) and not answer.duplicate:
+                return Segment(existing, existing.segment_start)
+        # Nothing pending (or a repeat): an answer the run applied, sent again?
+        again = await runs.redelivery(KIND, document_id, request.id, principal,
+                                      AiSdkTranslator, existing,
+                                      lambda run: _applied_in(run, last))
+        if again is not None:
+            return Segment(again[0], again[1], replay=True)
+        raise HttpFailure(ErrorCode.CALL_NOT_PENDING, "the last message answers no pending "
+                          "tool call or approval of this chat")
     prompt = _text(last)
     if last.get("role") != "user" or not prompt:
         raise HttpFailure(ErrorCode.INVALID_MESSAGE, "the last message must be the user's text "
@@ -150,7 +201,7 @@ async def open_segment(services: Services, runs: ChatRuns, document_id: str,
                            AiSdkTranslator(run_id))
     if isinstance(run, Error):
         raise HttpFailure.of(run)
-    return run, 0
+    return Segment(run, 0)
 
 
 async def _sse(chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
@@ -159,21 +210,21 @@ async def _sse(chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
     yield b"data: [DONE]\n\n"
 
 
-def _stream(run: ChatRun[Chunk], start: int, replay: bool = False) -> Response:
-    chunks = replayed(run) if replay else run.follow(start)
-    return StreamingResponse(_sse(chunks), media_type="text/event-stream",
+def _stream(segment: Segment) -> Response:
+    return StreamingResponse(_sse(segment.chunks()), media_type="text/event-stream",
                              headers=STREAM_HEADERS)
 
 
-async def replayed(run: ChatRun[Chunk]) -> AsyncIterator[Chunk]:
-    """A resume: the run from its start, then live, without asking for answered calls
-    again (`asks_again`) nor the text of messages whose model call was made again
-    (`discarded_text`: the run moved to another instance), which showed it twice."""
+async def replayed(run: ChatRun[Chunk], start: int = 0) -> AsyncIterator[Chunk]:
+    """A resume: the run from its start (or `start`), then live, without asking for
+    answered calls again (`asks_again`) nor the text of messages whose model call was
+    made again (`discarded_text`: the run moved to another instance), which showed it
+    twice."""
     answered = answered_calls(run.items)
     translator = run.translator
     discarded = translator.discarded if isinstance(translator, AiSdkTranslator) else set()
     dropping: set[str] = set()
-    async for chunk in run.follow(0):
+    async for chunk in run.follow(start):
         if not asks_again(chunk, answered) and not discarded_text(chunk, discarded, dropping):
             yield chunk
 
@@ -186,13 +237,13 @@ async def post_chat(request: Request) -> Response:
         check_document(document_id)
         principal = principal_for(services, bearer_token(request), document_id)
         chat = parse_request(await read_object(request, services))
-        run, start = await open_segment(services, runs, document_id, principal, chat)
+        segment = await open_segment(services, runs, document_id, principal, chat)
     except HttpFailure as failure:
         return failure.response()
     except BackendUnavailable:
         return HttpFailure(ErrorCode.UNAVAILABLE, "the shared backend is unavailable; retry "
                            "shortly", retry_after_ms=1000).response()
-    return _stream(run, start)
+    return _stream(segment)
 
 
 async def get_chat_stream(request: Request) -> Response:
@@ -208,10 +259,22 @@ async def get_chat_stream(request: Request) -> Response:
     if not re.fullmatch(CHAT_ID, chat_id):
         return Response(status_code=204)
     try:
-        run = await runs.followable(KIND, document_id, chat_id, principal, AiSdkTranslator)
+        run = await reconnected(runs, document_id, chat_id, principal)
     except BackendUnavailable:
         return HttpFailure(ErrorCode.UNAVAILABLE, "the shared backend is unavailable; retry "
                            "shortly", retry_after_ms=1000).response()
     if run is None:
         return Response(status_code=204)
-    return _stream(run, 0, replay=True)
+    return _stream(Segment(run, 0, replay=True))
+
+
+async def reconnected(runs: ChatRuns, document_id: str, chat_id: str, principal: Principal
+                      ) -> ChatRun[Chunk] | None:
+    """What a reconnect replays: the chat's active run, else its last run when that
+    ended within `delivery.WINDOW_S` and no request streamed its end (delivery.py:
+    the frontend was away, or its stream broke off, when the run ended)."""
+    run = await runs.followable(KIND, document_id, chat_id, principal, AiSdkTranslator)
+    if run is None:
+        run = await runs.undelivered_end(KIND, document_id, chat_id, principal,
+                                         AiSdkTranslator)
+    return run

@@ -3,7 +3,8 @@
 Client frames: `send` (the chat request of `POST .../chat`, its JWT in
 `headers.authorization` or the connection's `token` query parameter),
 `resume` (replays the chat's active run from its start, skipping up to
-`lastSequence`; `no-active` when there is none; without `lastSequence`, what
+`lastSequence`, or its last run when the SSE reconnect would replay it;
+`no-active` when there is none; without `lastSequence`, what
 the transport sends, the replay is the SSE reconnect's: no answered call
 asked again, no discarded text) and `abort` (stops the request's stream; a
 `send`'s also cancels its run, a `resume`'s does not).
@@ -30,8 +31,14 @@ from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from protocol.parsing import ParseFailure, decode_frame
-from server.adapters.ai_sdk import CHAT_ID, KIND, open_segment, parse_request, replayed
-from server.adapters.ai_sdk_chunks import AiSdkTranslator, Chunk
+from server.adapters.ai_sdk import (
+    CHAT_ID,
+    Segment,
+    open_segment,
+    parse_request,
+    reconnected,
+)
+from server.adapters.ai_sdk_chunks import Chunk
 from server.adapters.chat import ChatRun, ChatRuns
 from server.adapters.http import DOCUMENT_ID, HttpFailure, principal_for
 from server.agent.work import new_ref
@@ -168,29 +175,28 @@ class _Socket:
                 body: dict[str, Any] = given if isinstance(given, dict) else {}
                 chat = parse_request({**body, **{k: frame[k] for k in (
                     "id", "messages", "trigger", "messageId") if k in frame}})
-                run, start = await open_segment(self.services, self.runs, self.document_id,
-                                                principal, chat)
+                segment = await open_segment(self.services, self.runs, self.document_id,
+                                             principal, chat)
                 skip = 0
             else:
                 chat_id = str(frame.get("id", ""))
-                found = await self.runs.followable(
-                    KIND, self.document_id, chat_id, principal, AiSdkTranslator
-                ) if re.fullmatch(CHAT_ID, chat_id) else None
+                found = await reconnected(self.runs, self.document_id, chat_id, principal) \
+                    if re.fullmatch(CHAT_ID, chat_id) else None
                 if found is None:
                     await self.write({"type": "no-active", "requestId": request_id})
                     return
-                run, start = found, 0
                 last = frame.get("lastSequence")
                 skip = last + 1 if isinstance(last, int) and last >= 0 else 0
+                # A whole replay is renumbered from 0 (gapless): it may leave chunks out.
+                segment = Segment(found, 0, replay=not skip)
+            run = segment.run
             if request_id in self.aborted:  # aborted while the run started: it ends now
                 if not run.finished and request_id not in self.viewing:
                     await run.cancel()
                 return
             self.request_runs[request_id] = run
             await self.write({"type": "start", "requestId": request_id})
-            # A whole replay is renumbered from 0 (gapless): it may leave chunks out.
-            chunks = replayed(run) if frame["type"] == "resume" and not skip \
-                else run.follow(start)
+            chunks = segment.chunks()
             await self._pump(request_id, chunks, skip)
             await self.write({"type": "end", "requestId": request_id})
         except HttpFailure as failure:

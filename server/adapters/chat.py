@@ -25,209 +25,43 @@ A request may reach an instance other than the one that started the chat's
 run (a load balancer that is not sticky): `ChatRuns.find` then rebuilds the
 `ChatRun` there from the document log (adoption.py) and follows the run
 live too; its answers reach the run's owner through the cluster link.
+
+What the frontend never got is not lost (delivery.py): an answer the run
+applied although its request failed, sent again, streams its segment again
+(`ChatRuns.redelivery`), and a reconnect after the run ended replays the run
+when its end never reached the frontend (`ChatRuns.undelivered_end`), both
+from a `ChatRun` rebuilt from the log when the run has ended (`ended`).
+The `ChatRun` class itself is in chat_run.py.
 """
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any
 
-from protocol.client import Approval, RunCancel, RunStart, ToolResult
+from protocol.client import RunStart
 from protocol.codes import ErrorCode
-from protocol.server import (
-    ApprovalRequested,
-    Error,
-    RunFinished,
-    ServerEvent,
-    ToolCall,
-    ToolDone,
-)
+from protocol.server import Error
+from server.adapters import delivery
 from server.adapters.adoption import run_events
-from server.adapters.link import Answer, ResumeFailed, RunLink, new_message_id, parse_event
+from server.adapters.chat_run import (
+    ChatKey,
+    ChatRun,
+    Item,
+    Kind,
+    Outcome,
+    Pending,
+    Translator,
+)
+from server.adapters.link import ResumeFailed, RunLink, new_message_id, parse_event
 from server.auth import Principal
+from server.backends.base import LoggedEvent
 from server.redaction import frame_for_user
 from server.services import Services
 
 logger = logging.getLogger("cowrite.adapters")
-Item = TypeVar("Item")
-ChatKey = tuple[str, str, str, str]  # (adapter, document, chat, user)
-
-
-class Translator(Protocol[Item]):
-    """cowrite events -> frontend items; pure, with the state of one run."""
-
-    def opening(self) -> list[Item]:
-        """Items that open a segment (e.g. the AI SDK's `start`)."""
-        ...
-
-    def translate(self, event: ServerEvent, ours: bool) -> tuple[list[Item], bool]:
-        """Items for one event of the run, and whether the segment ends with them.
-        `ours`: a client tool call addressed to this adapter (the run's executor)."""
-        ...
-
-    def lost(self, message: str) -> list[Item]:
-        """Items that end a segment whose link the engine closed (the run goes on)."""
-        ...
-
-
-@dataclass
-class Pending:
-    """What the run waits for from the frontend."""
-
-    kind: Literal["tool", "approval"]
-    call_id: str
-    name: str
-    token: str | None = None
-
-
-class ChatRun(Generic[Item]):
-    def __init__(self, key: ChatKey, link: RunLink, run_id: str,
-                 translator: Translator[Item], on_done: Callable[["ChatRun[Item]"], None]
-                 ) -> None:
-        self.key = key
-        self.link = link
-        self.run_id = run_id
-        self.translator = translator
-        self._on_done = on_done
-        self.items: list[Item] = []
-        self.segment_start = 0
-        self.segment_open = True
-        self.pending: dict[str, Pending] = {}
-        self.finished = False
-        self.gone = False  # the link was lost: this instance no longer follows the run
-        self._wake = asyncio.Event()
-        self._closer: asyncio.Task[None] | None = None
-        self._answering = 0  # answers whose ack or error has not arrived yet
-        self._answered = asyncio.Event()
-        self.items.extend(translator.opening())
-        link.on_lost = self.lost
-
-    # -- events from the link --------------------------------------------------------
-    def on_event(self, event: ServerEvent) -> None:
-        if getattr(event, "run_id", None) != self.run_id or self.finished or self.gone:
-            return
-        ours = False
-        if isinstance(event, ToolCall) and event.executor == "client":
-            ours = event.client_id == self.link.conn.client_id
-            if ours:
-                self.pending[event.call_id] = Pending("tool", event.call_id, event.name,
-                                                      event.token)
-        elif isinstance(event, ApprovalRequested):
-            self.pending[event.call_id] = Pending("approval", event.call_id, event.name)
-        elif isinstance(event, ToolDone) or getattr(event, "type", "") == "approval.resolved":
-            call_id = str(getattr(event, "call_id", ""))
-            entry = self.pending.get(call_id)
-            if entry is not None and (isinstance(event, ToolDone) or entry.kind == "approval"):
-                del self.pending[call_id]
-        items, ends = self.translator.translate(event, ours)
-        if items and not self.segment_open and not self.finished:
-            # The run went on without this instance opening the segment: the answer
-            # went through another instance (or the run ended on its own).
-            self.segment_start = len(self.items)
-            self.items.extend(self.translator.opening())
-            self.segment_open = True
-        self.items.extend(items)
-        if isinstance(event, RunFinished):
-            self.finished = ends = True
-            self._closer = asyncio.get_running_loop().create_task(self._close())
-        if ends:
-            self.segment_open = False
-        self._notify()
-
-    def lost(self, reason: str) -> None:
-        """The engine closed the link (`RunLink.on_lost`): the run goes on without this
-        instance. The live segment ends with an error telling the frontend to reconnect,
-        and the chat is forgotten: its next request adopts the run again (adoption.py)."""
-        if self.finished or self.gone:
-            return
-        self.gone = True
-        if self.segment_open:
-            self.items.extend(self.translator.lost(
-                f"connection to the document lost ({reason}); reconnect"))
-            self.segment_open = False
-        self._on_done(self)
-        self._notify()
-
-    def _notify(self) -> None:
-        wake, self._wake = self._wake, asyncio.Event()
-        wake.set()
-
-    async def _close(self) -> None:
-        """Leave once the run finished, but not before the answers in flight have theirs:
-        with several instances `run.finished` may arrive before the ack of the result
-        that finished the run (each `ask` waits at most `REPLY_TIMEOUT_S`)."""
-        self._on_done(self)
-        while self._answering:
-            await self._answered.wait()
-        await self.link.close()
-
-    # -- what requests do ---------------------------------------------------------
-    async def follow(self, start: int) -> AsyncIterator[Item]:
-        """Items from index `start` until the current segment ends."""
-        index = start
-        while True:
-            wake = self._wake
-            while index < len(self.items):
-                yield self.items[index]
-                index += 1
-            if not self.segment_open:
-                return
-            await wake.wait()
-
-    async def answer(self, message: ToolResult | Approval) -> Answer:
-        """Deliver the frontend's answer; on success a new segment is open. A refused
-        answer withdraws the segment's opening, unless events followed it (they
-        are the run's, e.g. its end, and stay in the segment they opened)."""
-        previous = (self.segment_start, self.segment_open, len(self.items))
-        self.segment_start, self.segment_open = len(self.items), True
-        self.items.extend(self.translator.opening())
-        opened = len(self.items)
-        answer: Answer | None = None
-        try:
-            answer = await self._ask(message)
-        finally:  # a request cancelled while asking withdraws its opening too
-            refused = answer is None or isinstance(answer, Error) or answer.duplicate
-            if refused and len(self.items) == opened:
-                start, was_open, length = previous
-                del self.items[length:]
-                self.segment_start, self.segment_open = start, was_open
-                self._notify()  # a reader of the withdrawn segment stops
-        return answer
-
-    def tool_result(self, call_id: str, output: Any = None,
-                    error: dict[str, Any] | None = None) -> ToolResult | None:
-        entry = self.pending.get(call_id)
-        if entry is None or entry.kind != "tool" or entry.token is None:
-            return None
-        fields: dict[str, Any] = {"error": error} if error is not None else {"output": output}
-        return ToolResult(type="tool.result", id=new_message_id(), run_id=self.run_id,
-                          call_id=call_id, token=entry.token, **fields)
-
-    def approval(self, call_id: str, approved: bool, reason: str | None = None
-                 ) -> Approval | None:
-        entry = self.pending.get(call_id)
-        if entry is None or entry.kind != "approval":
-            return None
-        return Approval(type="approval", id=new_message_id(), run_id=self.run_id,
-                        call_id=call_id, decision="approve" if approved else "reject",
-                        reason=reason)
-
-    async def cancel(self) -> Answer:
-        return await self._ask(RunCancel(type="run.cancel", id=new_message_id(),
-                                         run_id=self.run_id))
-
-    async def _ask(self, message: ToolResult | Approval | RunCancel) -> Answer:
-        """`link.ask`, counted: the link stays until every answer has arrived (`_close`)."""
-        self._answering += 1
-        try:
-            return await self.link.ask(message)
-        finally:
-            self._answering -= 1
-            if not self._answering:
-                answered, self._answered = self._answered, asyncio.Event()
-                answered.set()
 
 
 @dataclass
@@ -250,6 +84,7 @@ class ChatRuns:
         self.services = services
         self.runs: dict[ChatKey, ChatRun[Any]] = {}
         self._adopting: dict[ChatKey, _Turnstile] = {}
+        self._finishing: dict[ChatKey, ChatRun[Any]] = {}  # ended, answers still streaming
 
     def get(self, kind: str, document_id: str, chat_id: str, user_id: str
             ) -> ChatRun[Any] | None:
@@ -306,18 +141,11 @@ class ChatRuns:
     async def _adopt(self, key: ChatKey, run_id: str, principal: Principal,
                      client_id: str, translator: Callable[[str], Translator[Item]]
                      ) -> ChatRun[Item] | None:
-        document_id = key[1]
         epoch, last_seq, events = await run_events(
-            self.services.backend, document_id, run_id, self.services.settings.log_max_events)
-        view = translator(run_id)
-        link = RunLink(self.services, document_id, principal, client_id)
-        run: ChatRun[Item] = ChatRun(key, link, run_id, view, self._forget)
-        link.on_event = run.on_event
+            self.services.backend, key[1], run_id, self.services.settings.log_max_events)
+        run = await self._rebuilt(key, run_id, principal, client_id, translator, events)
+        link = run.link
         try:
-            for logged in events:  # as the live link would see them (redacted for the user)
-                event = parse_event(frame_for_user(logged.frame, principal.user_id))
-                if event is not None:
-                    run.on_event(event)
             if run.finished:
                 return None  # its closer releases the link
             await link.open(after=(epoch, last_seq))  # caught up with the log when it returns
@@ -332,6 +160,75 @@ class ChatRuns:
         logger.info("adapter run %s adopted from the log (%d events)", run_id, len(events),
                     extra=link.conn.log_context)
         return run
+
+    async def _rebuilt(self, key: ChatKey, run_id: str, principal: Principal, client_id: str,
+                       translator: Callable[[str], Translator[Item]],
+                       events: list[LoggedEvent]) -> ChatRun[Item]:
+        """A `ChatRun` of `run_id` with its link not yet open, fed the run's `events`
+        as the live link would have handed them over (redacted for the user)."""
+        link = RunLink(self.services, key[1], principal, client_id)
+        run: ChatRun[Item] = ChatRun(key, link, run_id, translator(run_id), self._forget)
+        link.on_event = run.on_event
+        try:
+            for logged in events:
+                event = parse_event(frame_for_user(logged.frame, principal.user_id))
+                if event is not None:
+                    run.on_event(event)
+        except BaseException:
+            await link.close()
+            raise
+        return run
+
+    async def ended(self, kind: str, document_id: str, chat_id: str, principal: Principal,
+                    translator: Callable[[str], Translator[Item]]) -> ChatRun[Item] | None:
+        """The chat's last run when it ended within `delivery.WINDOW_S` (the caller found
+        no active one): the `ChatRun` this instance still streams from, else rebuilt
+        from the document log; None when there is none, or it is not in the log."""
+        key = (kind, document_id, chat_id, principal.user_id)
+        finishing = self._finishing.get(key)
+        if finishing is not None:
+            return finishing
+        backend, log_max = self.services.backend, self.services.settings.log_max_events
+        client_id = f"{kind}:{chat_id}"
+        run_id = await delivery.newest_ended_run(backend, document_id, client_id,
+                                                 principal.user_id, log_max)
+        if run_id is None:
+            return None
+        _, _, events = await run_events(backend, document_id, run_id, log_max)
+        run = await self._rebuilt(key, run_id, principal, client_id, translator, events)
+        if not run.finished:  # the log no longer holds its end: nothing to stream
+            await run.link.close()
+            return None
+        return run
+
+    async def undelivered_end(self, kind: str, document_id: str, chat_id: str,
+                              principal: Principal,
+                              translator: Callable[[str], Translator[Item]]
+                              ) -> ChatRun[Item] | None:
+        """For a reconnect that found no active run: the chat's last run, ended within
+        `delivery.WINDOW_S`, when the frontend asked for its end (`end_asked_for`) and
+        no request streamed it (claimed: replayed once)."""
+        run = await self.ended(kind, document_id, chat_id, principal, translator)
+        if run is None or not run.end_asked_for() or not await delivery.mark(
+                self.services.backend, delivery.end_key(document_id, run.run_id)):
+            return None
+        return run
+
+    async def redelivery(self, kind: str, document_id: str, chat_id: str,
+                         principal: Principal, translator: Callable[[str], Translator[Item]],
+                         active: ChatRun[Item] | None,
+                         answered: Callable[[ChatRun[Item]], tuple[Kind, str, int] | None]
+                         ) -> tuple[ChatRun[Item], int] | None:
+        """For an answer to nothing pending: the run and the index to stream from when
+        it is an answer the run applied (`answered`: which call, and its segment) whose
+        segment no request streamed to its end, as when its first request was answered
+        `unavailable` although it was applied (delivery.py). `active`: the chat's active
+        run, if any; else its run that ended within `delivery.WINDOW_S`."""
+        run = active if active is not None else await self.ended(
+            kind, document_id, chat_id, principal, translator)
+        found = answered(run) if run is not None else None
+        start = await run.redeliver(*found) if run is not None and found is not None else None
+        return None if run is None or start is None else (run, start)
 
     async def start(self, kind: str, document_id: str, chat_id: str, principal: Principal,
                     start: RunStart, translator: Translator[Item]
@@ -362,6 +259,15 @@ class ChatRuns:
     def _forget(self, run: ChatRun[Any]) -> None:
         if self.runs.get(run.key) is run:
             del self.runs[run.key]
+        streaming = run.delivering_tasks() if run.finished else []
+        if streaming:  # kept while its answers stream: `ended` finds it (not the log)
+            self._finishing[run.key] = run
+            for task in streaming:
+                task.add_done_callback(lambda _task: self._let_go(run))
+
+    def _let_go(self, run: ChatRun[Any]) -> None:
+        if self._finishing.get(run.key) is run and not run.delivering_tasks():
+            del self._finishing[run.key]
 
     async def close(self) -> None:
         for run in list(self.runs.values()):
@@ -370,4 +276,4 @@ class ChatRuns:
         self.runs.clear()
 
 
-__all__ = ["ChatRun", "ChatRuns", "Pending", "Translator"]
+__all__ = ["ChatRun", "ChatRuns", "Outcome", "Pending", "Translator"]

@@ -14,6 +14,7 @@ from protocol.client import ToolResult
 from protocol.codes import ErrorCode
 from protocol.parsing import ParseFailure, validate_message
 from protocol.server import Error
+from server.adapters.delivery import applied_result
 from server.adapters.http import (
     HttpFailure,
     bearer_token,
@@ -69,6 +70,10 @@ async def post_tool_result(request: Request) -> Response:
             answer = await link.ask(message)
         finally:
             await link.close()
+        if isinstance(answer, Error) and answer.code == ErrorCode.RUN_NOT_ACTIVE and \
+                await applied_result(services.backend, document_id, message, principal.user_id,
+                                     services.settings.log_max_events):
+            return json_response({"duplicate": True})  # a retry of what the run applied
         if isinstance(answer, Error):
             raise HttpFailure.of(answer)
         if answer.duplicate:
