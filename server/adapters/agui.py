@@ -1,27 +1,25 @@
 """`POST /v1/agui/{document_id}`: AG-UI (`RunAgentInput` in, AG-UI events out as SSE).
 
-Mapping (PROTOCOL.md section 16), with ag-ui-protocol's pydantic models:
-`threadId` names the chat and the cowrite thread (when it is a valid thread id,
-else the default thread), `runId` becomes the cowrite `run_id` of a new run, the last user
-message is the prompt, `tools` are the client tools, `context` and `state`
-go to `context.extra` (`agui_context`, `agui_state`). Events: `RUN_STARTED`
-(with the request's ids) opens every response; `TEXT_MESSAGE_*`,
-`TOOL_CALL_START/ARGS/END`, `TOOL_CALL_RESULT` (server tools); a client tool
-call ends the response with `RUN_FINISHED` (`outcome: success`,
-`pendingToolCallIds`); the next input whose messages hold a `tool` message
-for that `toolCallId` delivers it and streams the rest of the same run. An
-approval ends the response with `RUN_FINISHED` `outcome: interrupt` (one
-interrupt, id = tool call id, reason `tool_approval`); the next input's
-`resume` entry answers it (`resolved` with `payload.approved`, or
-`cancelled` = reject). The run's end: `RUN_FINISHED`, or `RUN_ERROR`
-(`code` = status, e.g. `aborted:document_changed`). A response whose link the
-server closed (a drain, the document log reset) ends with `RUN_ERROR` (`code`
-`connection_lost`) while the run goes on. An input sent again whose answer the
-run applied (its first request failed) streams the rest again, once, if it
-never reached the frontend (delivery.py), with that input's ids. A run that
-moves to another instance mid-text ends the discarded message
-(`TEXT_MESSAGE_END`; its text stays) and streams the answer again as a new
-message.
+Mapping (PROTOCOL.md section 16), with ag-ui-protocol's pydantic models: `threadId`
+names the chat and the cowrite thread (when it is a valid thread id, else the default
+thread), `runId` becomes the cowrite `run_id` of a new run, the last user message is the
+prompt, `tools` are the client tools, `context` and `state` go to `context.extra`
+(`agui_context`, `agui_state`). Events: `RUN_STARTED` (with the request's ids) opens
+every response; `TEXT_MESSAGE_*`, `TOOL_CALL_START/ARGS/END`, `TOOL_CALL_RESULT` (server
+tools); a client tool call ends the response with `RUN_FINISHED` (`outcome: success`,
+`pendingToolCallIds`); the next input whose messages hold a `tool` message for that
+`toolCallId` delivers it and streams the rest of the same run. An approval ends the
+response with `RUN_FINISHED` `outcome: interrupt` (one interrupt, id = tool call id,
+reason `tool_approval`); the next input's `resume` entry answers it (`resolved` with
+`payload.approved`, or `cancelled` = reject). The run's end: `RUN_FINISHED` (a cancelled
+or aborted run: `outcome: cancelled`, the cowrite status and reason in
+`metadata.cowrite`), or `RUN_ERROR` (`code` = status, e.g. `timed_out:tool_timeout`). A
+response whose link the server closed (a drain, the document log reset) ends with
+`RUN_ERROR` (`code` `connection_lost`) while the run goes on. An input sent again whose
+answer the run applied (its first request failed) streams the rest again, once, if it
+never reached the frontend (delivery.py), with that input's ids. A run that moves to
+another instance mid-text ends the discarded message (`TEXT_MESSAGE_END`; its text
+stays) and streams the answer again as a new message.
 """
 
 from collections.abc import AsyncIterator
@@ -33,6 +31,7 @@ from ag_ui.core import (
     Interrupt,
     RunAgentInput,
     RunErrorEvent,
+    RunFinishedCancelledOutcome,
     RunFinishedEvent,
     RunFinishedInterruptOutcome,
     RunFinishedSuccessOutcome,
@@ -52,6 +51,7 @@ from starlette.responses import Response, StreamingResponse
 
 from protocol.client import RunContext, RunStart, ToolSpec
 from protocol.codes import ErrorCode
+from protocol.jsonlimits import nesting_over
 from protocol.server import (
     ApprovalRequested,
     Error,
@@ -156,6 +156,11 @@ class AguiTranslator:
             events = self._close_texts()
             if event.status == "completed":
                 return [*events, RunFinishedEvent(thread_id=thread_id, run_id=run_id)], True
+            if event.status in ("cancelled", "aborted"):  # stopped, not failed (AG-UI 1.0)
+                return [*events, RunFinishedEvent(
+                    thread_id=thread_id, run_id=run_id, outcome=RunFinishedCancelledOutcome(),
+                    metadata={"cowrite": {"status": event.status, "reason": event.reason}})
+                ], True
             code = event.status + (f":{event.reason}" if event.reason else "")
             message = f"run {event.status}" + (f": {event.error.message}" if event.error else
                                                f" ({event.reason})" if event.reason else "")
@@ -213,6 +218,18 @@ def _tool_outcome(message: Any) -> tuple[str, Any]:
         return "ok", orjson.loads(content)  # a tool returning JSON sends it as text
     except orjson.JSONDecodeError:
         return "ok", content
+
+
+def _check_tool_contents(data: RunAgentInput, max_depth: int) -> None:
+    """A `tool` message's text is parsed as JSON (`_tool_outcome`): it is held to the
+    depth limit of every frame, as the body around it is (nested 253 levels deep, it
+    reached the run and the log, which every other edge refuses)."""
+    for message in data.messages:
+        content = getattr(message, "content", None)
+        if message.role == "tool" and isinstance(content, str) \
+                and nesting_over(content, max_depth):
+            raise HttpFailure(ErrorCode.INVALID_MESSAGE, f"a tool message's content nests "
+                              f"objects and arrays deeper than {max_depth} levels")
 
 
 def _answer(run: ChatRun[BaseEvent], data: RunAgentInput) -> Any:
@@ -286,6 +303,7 @@ async def _open(services: Services, runs: ChatRuns, document_id: str, request: R
     """The run and where to stream it from; True when what is streamed was made for an
     earlier request (an answer the run applied, sent again: `_ids_of`)."""
     principal = principal_for(services, bearer_token(request), document_id)
+    _check_tool_contents(data, services.settings.max_json_depth)
     answering = _is_answer(data)
     existing = runs.get(KIND, document_id, data.thread_id, principal.user_id)
     translator_for = lambda _run_id: AguiTranslator(data.thread_id, data.run_id)  # noqa: E731

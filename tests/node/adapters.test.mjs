@@ -217,6 +217,28 @@ test("an editor's change from a WebSocket client aborts an AI SDK run", async ()
   editor.ws.close();
 });
 
+test("AG-UI HttpAgent: a run aborted by an editor's change finishes cancelled, not failed", async () => {
+  const doc = "node-agui-abort";
+  const editor = await watcher(doc, "editor-tab");
+  const agent = new HttpAgent({ url: `${base}/v1/agui/${doc}`, threadId: "thread-a",
+    headers: { authorization: `Bearer ${token}` } });
+  agent.addMessage({ id: "m1", role: "user", content: slowScript("this will be interrupted") });
+  const seen = { finished: [], failed: [] };
+  const running = agent.runAgent({ runId: "agui-abort-1" }, {
+    onRunFinishedEvent: ({ outcome, event }) => { seen.finished.push([outcome, event.metadata]); },
+    onRunErrorEvent: ({ event }) => { seen.failed.push(event.code); },
+  });
+  await editor.next((e) => e.type === "message.delta");
+  editor.send({ type: "editor.change", origin: "user" });
+  await running; // a RUN_ERROR rejected here: the user's own edit read as the agent failing
+  assert.deepEqual(seen.failed, []);
+  assert.deepEqual(seen.finished,
+    [["cancelled", { cowrite: { status: "aborted", reason: "document_changed" } }]]);
+  const finished = await editor.next((e) => e.type === "run.finished");
+  assert.deepEqual([finished.run_id, finished.status], ["agui-abort-1", "aborted"]);
+  editor.ws.close();
+});
+
 test("AG-UI HttpAgent: a frontend tool continues the same cowrite run", async () => {
   const doc = "node-agui-1";
   const watch = await watcher(doc);
