@@ -36,7 +36,7 @@ from server.backends.base import (
     encode_event_body,
 )
 from server.connection import Connection
-from server.log_groups import DecisionCheckpoint, append_group, new_write_id
+from server.log_groups import DecisionCheckpoint, HeldText, append_group, append_held
 from server.outbound import _Frame
 from server.ports import RunHandler
 
@@ -57,18 +57,6 @@ HOLD_MAX_S = 0.05
 
 # The client ids of the adapters' frontends (`<kind>:<chat>`, server/adapters/chat.py).
 PER_REQUEST_CLIENTS = ("ai-sdk:", "agui:")
-
-
-class _PendingDelta:
-    __slots__ = ("message_id", "parts", "run_id", "since", "size", "write_id")
-
-    def __init__(self, run_id: str, message_id: str) -> None:
-        self.run_id = run_id
-        self.message_id = message_id
-        self.parts: list[str] = []
-        self.size = 0
-        self.since = time.monotonic()
-        self.write_id = ""  # set at its first append (a remote log's)
 
 
 def _member(conn: Connection) -> str:
@@ -100,10 +88,11 @@ class DocumentSession:
         self.features = list(features)
         self.connections: dict[str, Connection] = {}
         self._subscribed = False
-        self._pending: _PendingDelta | None = None
+        self._pending: HeldText | None = None
         # Held text whose append failed: it may be logged (the reply was lost), so it is
         # tried again first, as it was (the same write id), and nothing joins it.
-        self._unsure: _PendingDelta | None = None
+        self._unsure: HeldText | None = None
+        self._fenced = ""  # the run whose held text failed: fenced from then (append_held)
         self._last_delta_at = 0.0
         self._publish_lock = asyncio.Lock()
         self._flush_tasks: set[asyncio.Task[None]] = set()
@@ -302,7 +291,7 @@ class DocumentSession:
         now = time.monotonic()
         hot, self._last_delta_at = now - self._last_delta_at < HOT_S, now
         if hot or self.backend.remote or self._backlogged():
-            pending = self._pending = _PendingDelta(run_id, message_id)
+            pending = self._pending = HeldText(run_id, message_id)
             pending.parts.append(delta)
             pending.size = len(delta)
             self._schedule_flush()
@@ -352,18 +341,19 @@ class DocumentSession:
         if pending is not None and pending.parts:
             try:
                 await self._append_held(pending)
+            except UnloggableEvent:  # it never will be: kept, it failed every later flush
+                raise
             except BaseException:
                 self._unsure = pending  # for the next attempt; text since goes after it
+                self._fenced = pending.run_id
                 raise
 
-    async def _append_held(self, held: _PendingDelta) -> None:
-        wire = {"type": "message.delta", "run_id": held.run_id,
-                "message_id": held.message_id, "delta": "".join(held.parts)}
+    async def _append_held(self, held: HeldText) -> None:
         if not self.backend.remote:  # an in-process log loses no reply
-            await self.backend.append(self.document_id, wire)
+            await self.backend.append(self.document_id, held.wire())
             return
-        held.write_id = held.write_id or new_write_id()
-        await self.backend.append_once(self.document_id, wire, held.write_id)
+        await append_held(self.backend, self.document_id, held,
+                          fenced=held.run_id == self._fenced)
 
     def _hold_over(self) -> None:
         self._hold_timer = None

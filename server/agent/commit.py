@@ -26,7 +26,7 @@ from server.agent.steps import Crashed, Decision, Input, LeaseLost, Publish
 from server.backends.base import BackendUnavailable
 from server.connection import Peer
 from server.inbox import Envelope
-from server.log_groups import LeaseNotHeld
+from server.log_groups import LeaseNotHeld, same_write
 from server.ports import EventLog
 
 logger = logging.getLogger("cowrite.agent")
@@ -62,11 +62,14 @@ class CommitMixin:
     async def _commit(self, publish: Publish, decision: Decision, peer: Peer | None,
                       write: DecisionWrite | None) -> bool | None:
         """Log the decision's events with its checkpoint; None once they are, else what
-        `_execute` returns (the decision did not happen here)."""
+        `_execute` returns (the decision did not happen here). Whatever path it takes,
+        it is one write (`write_id`): after Redis lost the run, its events alone are
+        logged under that id, and its end tried through an outage is that write again."""
+        write_id = "" if write is None else write.write_id
         while True:
             try:
                 if write is None:  # claimed again: the checkpoint is written, now the events
-                    return await self._publish(publish, decision, peer, None)
+                    return await self._publish(publish, decision, peer, None, write_id)
                 async with self.lease.lock:  # one write of the lease at a time (parts count)
                     return await self._publish(publish, decision, peer, write)
             except LeaseNotHeld:
@@ -80,9 +83,11 @@ class CommitMixin:
                 write = None
 
     async def _publish(self, publish: Publish, decision: Decision, peer: Peer | None,
-                       write: DecisionWrite | None) -> bool | None:
+                       write: DecisionWrite | None, write_id: str = "") -> bool | None:
+        """`write_id`: the decision's write whose checkpoint was refused (`_commit`)."""
         if decision.refusable:
-            problem = await try_publish(self.log, publish.events, self.log_extra, write)
+            with same_write(write_id):
+                problem = await try_publish(self.log, publish.events, self.log_extra, write)
             if problem is None:
                 return None
             self.lease.announcing = None
@@ -93,23 +98,24 @@ class CommitMixin:
                                  else None))
             return False
         try:
-            await publish_retrying(self.log, publish.events,
-                                   self.env.settings.run_lease_s / 2, self.log_extra, write)
+            with same_write(write_id):
+                await publish_retrying(self.log, publish.events,
+                                       self.env.settings.run_lease_s / 2, self.log_extra, write)
             return None
         except PublishFailed as failed:
             self.lease.announcing = None
             if not decision.state.finished:
                 return await self._apply(Crashed(failed.ref), None)
             if isinstance(failed.cause, BackendUnavailable) and self.env.registry.remote:
-                return await self._end_through_outage(publish, decision, peer, write)
+                return await self._end_through_outage(publish, decision, peer, write, write_id)
             logger.error("the run's end could not be logged (%s)", failed.why,
                          extra=self.log_extra)
             self.state = decision.state
             return True  # the driver's last resort frees the document
 
     async def _end_through_outage(self, publish: Publish, decision: Decision,
-                                  peer: Peer | None, write: DecisionWrite | None
-                                  ) -> bool | None:
+                                  peer: Peer | None, write: DecisionWrite | None,
+                                  write_id: str) -> bool | None:
         """The run's end was not logged within half a lease: Redis is away. Its sender (a
         `run.cancel`'s) is told `unavailable` now, and the end is tried again with its
         checkpoint under the same write id (logged once however many attempts reach
@@ -121,7 +127,10 @@ class CommitMixin:
         goes on from its checkpoint (the client was told to retry), or frees it if the
         end did reach Redis. It used to be given up after half a lease, its sender not
         answered, and this instance's own janitor took the run "over", lacking the
-        end: a `run.cancel` was lost and the run waited on its call again."""
+        end: a `run.cancel` was lost and the run waited on its call again. After Redis
+        lost the run (no `write` in hand) the end's events went as a plain group, then
+        here under another write id: an append whose reply was lost logged them twice.
+        The write here is the decision's first (`write_id`, whose ids the group used)."""
         self.ending_unlogged = True  # messages about the run are answered `unavailable`
         if peer is not None:
             self.answered = peer
@@ -136,7 +145,9 @@ class CommitMixin:
                 await self._retry_ending(publish, write)
                 return None
             async with self.lease.lock:  # claimed again after Redis lost the run (`_commit`)
-                await self._retry_ending(publish, self.lease.decision_write(decision.state))
+                again = self.lease.decision_write(decision.state)
+                again.write_id = write_id or again.write_id
+                await self._retry_ending(publish, again)
             return None
         except PublishFailed as failed:
             self.lease.announcing = None

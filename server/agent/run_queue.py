@@ -19,7 +19,6 @@ back even if nothing else happens on the document (decided in README).
 """
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -36,9 +35,9 @@ from protocol.server import Error, RunError, RunFinished, RunQueued, RunSnapshot
 from server.agent.environment import RunEnvironment
 from server.agent.queue_edits import judge_waited
 from server.agent.run_state import RunState
-from server.backends.base import BackendUnavailable, UnloggableEvent
+from server.backends.base import BackendUnavailable, UnloggableEvent, run_ended_in_log
 from server.connection import Peer
-from server.log_groups import one_write
+from server.log_groups import new_write_id, one_write, same_write
 from server.ports import EventLog
 
 logger = logging.getLogger("cowrite.agent")
@@ -46,6 +45,7 @@ QUEUE_RETRY_S = 1.0  # a queue that could not be read is read again after this
 UNSTARTED_RETRY_S = 300.0  # how long the end of a run that could not start is retried
 UNSTARTED = "the queued run could not be started: the shared backend was unavailable; " \
     "start it again"
+UNLOGGED_CANCEL = "the shared backend is unavailable; retry shortly"
 
 
 @dataclass(eq=False)
@@ -91,6 +91,7 @@ class RunQueueMixin:
     log: EventLog
     _start_lock: asyncio.Lock
     _kicks: set["asyncio.Task[None]"]
+    _cancelling: set[str] | None = None  # set on first use (`_cancels`)
 
     @property
     def busy(self) -> bool:
@@ -224,26 +225,106 @@ class RunQueueMixin:
         self.kick()
 
     async def _cancel_queued(self, peer: Peer, message: RunCancel) -> bool:
-        """True when `message` was about a queued run (and is answered)."""
-        registry = self.env.registry
+        """True when `message` was about a queued run (and is answered). Once its removal
+        from the queue is sent, the run's end is owed: through an outage it is logged
+        once Redis is back (`_cancel_through_outage`) and the sender told `unavailable`.
+        The run used to vanish: out of the queue, never started nor ended, and the
+        sender's retry was told it "is queued"."""
+        registry, run_id = self.env.registry, message.run_id
+        if run_id in self._cancels():
+            peer.error(ErrorCode.UNAVAILABLE, UNLOGGED_CANCEL, reply_to=message.id,
+                       run_id=run_id, retry_after_ms=1000)
+            return True
         waiting = await registry.queued_runs(self.document_id)
-        entry = next((e for e in waiting if e.get("run_id") == message.run_id), None)
+        entry = next((e for e in waiting if e.get("run_id") == run_id), None)
         if entry is None:
             return False
         if entry.get("user_id") != peer.user_id:
             peer.error(ErrorCode.FORBIDDEN, "only the run's user may cancel it",
-                       reply_to=message.id, run_id=message.run_id)
+                       reply_to=message.id, run_id=run_id)
             return True
-        if await registry.remove_queued(self.document_id, message.run_id) is None:
-            return False  # it started meanwhile: cancel it as a run
-        await self.log.publish_many([RunFinished(run_id=message.run_id, status="cancelled",
-                                                 reason="user_cancelled", steps=0)])
-        with contextlib.suppress(BackendUnavailable):
-            await registry.put_run_record(self.document_id, message.run_id, {
-                "status": "cancelled", "user_id": peer.user_id, "client_id": entry["client_id"]})
-        self.env.metrics.runs.labels("cancelled").inc()
-        peer.ack(message.id, run_id=message.run_id, status="cancelled")
+        ended = RunFinished(run_id=run_id, status="cancelled", reason="user_cancelled",
+                            steps=0)
+        write_id = new_write_id() if self.log.remote else ""
+        removed = logged = False
+        try:
+            if await registry.remove_queued(self.document_id, run_id) is None:
+                return False  # it started meanwhile: cancel it as a run
+            removed = True
+            await self._log_end(ended, write_id)
+            logged = True
+            await self._record_end(entry, ended)
+        except BackendUnavailable:  # its end is logged (once) when Redis is back
+            self._cancels().add(run_id)
+            self._track(self._cancel_through_outage(entry, ended, write_id, removed))
+            if not logged:
+                peer.error(ErrorCode.UNAVAILABLE, UNLOGGED_CANCEL, reply_to=message.id,
+                           run_id=run_id, retry_after_ms=1000)
+                return True
+        else:
+            self.env.metrics.runs.labels("cancelled").inc()
+        peer.ack(message.id, run_id=run_id, status="cancelled")
         return True
+
+    def _cancels(self) -> set[str]:
+        """The queued runs whose cancel's end waits out an outage here."""
+        if self._cancelling is None:
+            self._cancelling = set()
+        return self._cancelling
+
+    async def _log_end(self, ended: RunFinished, write_id: str) -> None:
+        with same_write(write_id), one_write(self.log.remote):  # a retry logs it once
+            await self.log.publish_many([ended])
+
+    async def _record_end(self, entry: dict[str, Any], ended: RunFinished) -> None:
+        await self.env.registry.put_run_record(self.document_id, ended.run_id, {
+            "status": ended.status, "user_id": entry["user_id"],
+            "client_id": entry["client_id"]})
+
+    async def _cancel_through_outage(self, entry: dict[str, Any], ended: RunFinished,
+                                     write_id: str, removed: bool) -> None:
+        """The cancel of a queued run, finished once Redis is back: its removal (unless
+        known done), its end under the first attempt's write id, its record."""
+        delay, deadline = QUEUE_RETRY_S / 8, time.monotonic() + UNSTARTED_RETRY_S
+        try:
+            while True:
+                try:
+                    if not removed and not await self._removed_by_cancel(ended.run_id):
+                        return  # a start took it first: the sender's retry cancels the run
+                    removed = True
+                    await self._log_end(ended, write_id)
+                    await self._record_end(entry, ended)
+                    break
+                except BackendUnavailable:
+                    if time.monotonic() > deadline:
+                        logger.error("the cancel of queued run %s could not be logged: "
+                                     "backend unavailable", ended.run_id,
+                                     extra={"document_id": self.document_id})
+                        return
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, QUEUE_RETRY_S * 4)
+        finally:
+            self._cancels().discard(ended.run_id)
+        self.env.metrics.runs.labels("cancelled").inc()
+
+    async def _removed_by_cancel(self, run_id: str) -> bool:
+        """Whether the run is out of the queue by its cancel, whose removal's reply was
+        lost: removed now, or gone with no start nor end of its own. A start takes it
+        from the queue holding the document (`start_queued`), or lets go at once."""
+        registry = self.env.registry
+        if await registry.remove_queued(self.document_id, run_id) is not None:
+            return True
+        for _ in range(3):
+            active = await registry.active_run(self.document_id)
+            if active is None or active.get("run_id") != run_id:
+                break
+            await asyncio.sleep(QUEUE_RETRY_S / 2)
+        else:
+            return False  # started
+        record = await registry.get_run_record(self.document_id, run_id)
+        if record is None or record.get("status") != "queued":
+            return False  # it ran, or ended unstarted
+        return await run_ended_in_log(registry, self.document_id, run_id) is None
 
     async def queued(self) -> list[RunSnapshot]:
         """`welcome.queued_runs`: the waiting runs, next first."""

@@ -41,6 +41,7 @@ from server.backends.base import (
     LogHead,
     LogReset,
     ResumeFailure,
+    RunMovedOn,
     RunParts,
     encode_event_body,
 )
@@ -54,6 +55,7 @@ from server.backends.redis_scripts import (
     CLAIM_RUN_LUA,
     CONNECTION_LUA,
     EXPIRED_RUNS_LUA,
+    FENCED_APPEND_LUA,
     HAND_OFF_RUN_LUA,
     HEAD_LUA,
     PRESENT_LUA,
@@ -102,6 +104,7 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances, RedisPresence):
         )
         self._log_max_events = log_max_events
         self._append = self._redis.register_script(APPEND_LUA)
+        self._fenced_append = self._redis.register_script(FENCED_APPEND_LUA)
         self._head = self._redis.register_script(HEAD_LUA)
         self._run_slot = self._redis.register_script(RUN_SLOT_LUA)
         self._connection = self._redis.register_script(CONNECTION_LUA)
@@ -180,6 +183,25 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances, RedisPresence):
         return logged
 
     append_once = append  # `append` is idempotent per write id (APPEND_LUA)
+
+    async def append_fenced(self, document_id: str, event: dict[str, Any], write_id: str
+                            ) -> None:
+        """`append_once` of an event of the run `event["run_id"]` only while this instance
+        holds that run's lease, checked in the same step (FENCED_APPEND_LUA); else
+        `RunMovedOn`, nothing logged. An id logged already is not logged again."""
+        body = encode_event_body(event).decode()
+        event_type, run_id = str(event["type"]), str(event["run_id"])
+        result = await self._call(self._fenced_append(
+            keys=[*_keys(document_id), f"cw:{{{document_id}}}:writes",
+                  f"cw:{{{document_id}}}:active", f"cw:{{{document_id}}}:owner"],
+            args=[uuid.uuid4().hex, body, self._clock.now_ms(), self._log_max_events,
+                  event_type, channel_of(document_id), write_id, WRITE_IDS_KEPT,
+                  WRITE_IDS_TTL_MS, run_id, self._instance_id]))
+        if not result:
+            raise RunMovedOn(run_id)
+        epoch, seq, frame, *again = result
+        if not again:
+            self._deliver(document_id, epoch, LoggedEvent(int(seq), event_type, frame))
 
     async def head(self, document_id: str) -> LogHead:
         epoch, last = await self._call(self._head(keys=_keys(document_id),
@@ -266,19 +288,23 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances, RedisPresence):
         entries = parts.entries if parts else ()
         now = self._clock.now_ms()
         result = await self._call(self._renew_and_append(
-            keys=[*_run_keys(document_id), *_keys(document_id)],
+            keys=[*_run_keys(document_id), *_keys(document_id),
+                  f"cw:{{{document_id}}}:writes"],
             args=[orjson.dumps(record).decode(), now + int(lease_s * 1000), document_id,
                   record["run_id"], record["owner"], "1" if parts and parts.reset else "0",
                   str(record.get("write", "")), len(entries), *entries, uuid.uuid4().hex, now,
-                  self._log_max_events, channel_of(document_id), *bodies]))
+                  self._log_max_events, channel_of(document_id), WRITE_IDS_KEPT,
+                  WRITE_IDS_TTL_MS, *bodies]))
         if not result:
             return False
         if result == 1:  # done by an attempt whose reply was lost: its frames came by pub/sub
             return True
         epoch = result[0]
         for index, event in enumerate(events):
-            self._deliver(document_id, epoch, LoggedEvent(
-                int(result[1 + 2 * index]), str(event["type"]), result[2 + 2 * index]))
+            seq = int(result[1 + 2 * index])
+            if seq:  # else logged before under its write id: its frame came by pub/sub
+                self._deliver(document_id, epoch, LoggedEvent(
+                    seq, str(event["type"]), result[2 + 2 * index]))
         return True
 
     async def run_parts(self, document_id: str) -> list[str]:

@@ -37,7 +37,7 @@ _INIT = _init("KEYS[1]", "KEYS[2]", "ARGV[1]")
 # up: an id looked up only after this process saw it fail missed a group retried whole
 # after a later event failed, and another instance's retry.
 # An id whose entry left the log (Redis lost it) is appended again.
-APPEND_LUA = _INIT + """
+_SEEN = """
 local write = ARGV[7]
 if write ~= '' then
   local seen = redis.call('ZSCORE', KEYS[3], write)
@@ -46,7 +46,8 @@ if write ~= '' then
     if entry[1] then return {epoch, seen, entry[1][2][4], 1} end
   end
 end
-""" + _append("ARGV[2]", "ARGV[5]", "ARGV[3]", "ARGV[4]", "ARGV[6]") + """
+"""
+_APPEND_REMEMBERED = _append("ARGV[2]", "ARGV[5]", "ARGV[3]", "ARGV[4]", "ARGV[6]") + """
 if write ~= '' then
   redis.call('ZADD', KEYS[3], seq, write)
   local kept = tonumber(ARGV[8])
@@ -57,6 +58,15 @@ if write ~= '' then
 end
 return {epoch, seq, frame}
 """
+APPEND_LUA = _INIT + _SEEN + _APPEND_REMEMBERED
+# APPEND_LUA's, only while the run ARGV[10] is the active one (KEYS[4]) and ARGV[11]
+# holds its lease (KEYS[5]), else 0 (`RedisBackend.append_fenced`): held text tried
+# again after an outage, during which its run may have been taken over.
+FENCED_APPEND_LUA = _INIT + _SEEN + """
+local active = redis.call('GET', KEYS[4])
+if not active or cjson.decode(active)['run_id'] ~= ARGV[10]
+    or redis.call('GET', KEYS[5]) ~= ARGV[11] then return 0 end
+""" + _APPEND_REMEMBERED
 HEAD_LUA = _INIT + """
 return {epoch, redis.call('HGET', KEYS[1], 'last_seq')}
 """
@@ -125,7 +135,11 @@ RENEW_RUN_LUA = _HELD + _renew("7", "#ARGV") + "return 1\n"
 # used to leave a checkpoint whose events were never logged (a `tool.call` nobody
 # saw, so the call timed out after a takeover). 0 when the lease is not held; 1 when
 # this write (ARGV[7], the record's `write`) is already done: a retry after a reply
-# that was lost logs nothing twice.
+# that was lost logs nothing twice. Its events carry the write ids `<write>.<n>` in
+# KEYS[7], as APPEND_LUA's do (kept ARGV[base + 4], TTL ARGV[base + 5]): the same
+# decision's events appended alone (after Redis lost the run, `log_groups.same_write`)
+# are not logged again by this write, nor these by such an append; one logged already
+# answers seq 0.
 RENEW_AND_APPEND_LUA = _HELD + """
 if current['write'] == ARGV[7] then return 1 end
 local last_part = 8 + tonumber(ARGV[8])
@@ -133,11 +147,29 @@ local last_part = 8 + tonumber(ARGV[8])
 local base = last_part + 1
 """ + _init("KEYS[5]", "KEYS[6]", "ARGV[base]") + """
 local out = {epoch}
-for i = base + 4, #ARGV, 2 do
+local n = 0
+for i = base + 6, #ARGV, 2 do
+  local write = ''
+  if ARGV[7] ~= '' then write = ARGV[7] .. '.' .. n end
+  n = n + 1
+  local seen = write ~= '' and redis.call('ZSCORE', KEYS[7], write)
+  if seen and redis.call('XRANGE', KEYS[6], seen .. '-1', seen .. '-1')[1] then
+    table.insert(out, 0)
+    table.insert(out, '')
+  else
 """ + _append("ARGV[i]", "ARGV[i + 1]", "ARGV[base + 1]", "ARGV[base + 2]", "ARGV[base + 3]",
               "KEYS[5]", "KEYS[6]") + """
-  table.insert(out, seq)
-  table.insert(out, frame)
+    if write ~= '' then redis.call('ZADD', KEYS[7], seq, write) end
+    table.insert(out, seq)
+    table.insert(out, frame)
+  end
+end
+if n > 0 and ARGV[7] ~= '' then
+  local kept = tonumber(ARGV[base + 4])
+  if redis.call('ZCARD', KEYS[7]) > kept + 32 then
+    redis.call('ZREMRANGEBYRANK', KEYS[7], 0, -(kept + 1))
+  end
+  redis.call('PEXPIRE', KEYS[7], ARGV[base + 5])
 end
 return out
 """
