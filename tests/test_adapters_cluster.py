@@ -11,7 +11,7 @@ import pytest
 
 from bench.common import Proc
 from protocol.server import MessageDelta, MessageDiscarded
-from server.adapters.agui import AguiTranslator
+from server.adapters.agui_events import AguiTranslator
 from server.adapters.ai_sdk_chunks import AiSdkTranslator
 from tests.adapter_support import sse, user_message
 from tests.cluster_support import FAST_LEASE, cluster, join, killed

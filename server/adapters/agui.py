@@ -28,21 +28,9 @@ from typing import Any
 import orjson
 from ag_ui.core import (
     BaseEvent,
-    Interrupt,
     RunAgentInput,
-    RunErrorEvent,
-    RunFinishedCancelledOutcome,
     RunFinishedEvent,
-    RunFinishedInterruptOutcome,
-    RunFinishedSuccessOutcome,
     RunStartedEvent,
-    TextMessageContentEvent,
-    TextMessageEndEvent,
-    TextMessageStartEvent,
-    ToolCallArgsEvent,
-    ToolCallEndEvent,
-    ToolCallResultEvent,
-    ToolCallStartEvent,
 )
 from ag_ui.encoder import EventEncoder
 from pydantic import ValidationError
@@ -53,16 +41,9 @@ from protocol.client import RunContext, RunStart, ToolSpec
 from protocol.codes import ErrorCode
 from protocol.jsonlimits import nesting_over
 from protocol.server import (
-    ApprovalRequested,
     Error,
-    MessageDelta,
-    MessageDiscarded,
-    MessageDone,
-    RunFinished,
-    ServerEvent,
-    ToolCall,
-    ToolDone,
 )
+from server.adapters.agui_events import AguiTranslator
 from server.adapters.ai_sdk import thread_for
 from server.adapters.chat import ChatRun, ChatRuns
 from server.adapters.chat_run import Kind
@@ -80,104 +61,6 @@ KIND = "agui"
 THREAD_ID_MAX = 100
 """`threadId`'s longest (any characters): `agui:<threadId>` is the run's client id, at
 most 128 characters; 100 like the AI SDK's chat id."""
-
-
-class AguiTranslator:
-    """cowrite events -> AG-UI events for one run; `ids` = (threadId, runId) of the
-    request being answered, changed by each continuing request."""
-
-    def __init__(self, thread_id: str, run_id: str) -> None:
-        self.ids = (thread_id, run_id)
-        self.open_texts: list[str] = []
-        self.client_calls: set[str] = set()
-        self.started_calls: set[str] = set()  # TOOL_CALL_START sent: a result may follow
-
-    def opening(self) -> list[BaseEvent]:
-        return [RunStartedEvent(thread_id=self.ids[0], run_id=self.ids[1])]
-
-    def _close_texts(self) -> list[BaseEvent]:
-        events: list[BaseEvent] = [TextMessageEndEvent(message_id=m) for m in self.open_texts]
-        self.open_texts = []
-        return events
-
-    def translate(self, event: ServerEvent, ours: bool) -> tuple[list[BaseEvent], bool]:
-        thread_id, run_id = self.ids
-        if isinstance(event, MessageDelta):
-            events: list[BaseEvent] = []
-            if event.message_id not in self.open_texts:
-                self.open_texts.append(event.message_id)
-                events.append(TextMessageStartEvent(message_id=event.message_id,
-                                                    role="assistant"))
-            if event.delta:
-                events.append(TextMessageContentEvent(message_id=event.message_id,
-                                                      delta=event.delta))
-            return events, False
-        if isinstance(event, MessageDone):
-            if event.message_id in self.open_texts:
-                self.open_texts.remove(event.message_id)
-                return [TextMessageEndEvent(message_id=event.message_id)], False
-            if not event.text:
-                return [], False
-            return [TextMessageStartEvent(message_id=event.message_id, role="assistant"),
-                    TextMessageContentEvent(message_id=event.message_id, delta=event.text),
-                    TextMessageEndEvent(message_id=event.message_id)], False
-        if isinstance(event, MessageDiscarded):  # its model call is made again: the text
-            # streamed so far stays shown (AG-UI cannot take it back) and is ended here
-            if event.message_id in self.open_texts:
-                self.open_texts.remove(event.message_id)
-                return [TextMessageEndEvent(message_id=event.message_id)], False
-            return [], False
-        if isinstance(event, ToolCall):
-            self.started_calls.add(event.call_id)
-            events = [*self._close_texts(), *_call(event.call_id, event.name, event.arguments)]
-            if not ours:
-                return events, False
-            self.client_calls.add(event.call_id)
-            return [*events, RunFinishedEvent(thread_id=thread_id, run_id=run_id,
-                                              outcome=RunFinishedSuccessOutcome(
-                                                  pending_tool_call_ids=[event.call_id]))], True
-        if isinstance(event, ApprovalRequested):
-            interrupt = Interrupt(id=event.call_id, reason="tool_approval",
-                                  tool_call_id=event.call_id,
-                                  message=f"approve {event.name}?",
-                                  metadata={"name": event.name, "arguments": event.arguments})
-            return [*self._close_texts(), RunFinishedEvent(
-                thread_id=thread_id, run_id=run_id,
-                outcome=RunFinishedInterruptOutcome(interrupts=[interrupt]))], True
-        if isinstance(event, ToolDone) and event.call_id in self.started_calls \
-                and event.call_id not in self.client_calls:  # not a rejected approval's call:
-            # its TOOL_CALL_RESULT named a call never started, left dangling in the agent
-            content = event.output if event.status == "ok" else {"status": event.status,
-                                                                 "error": event.error}
-            return [ToolCallResultEvent(message_id=f"{event.call_id}:result",
-                                        tool_call_id=event.call_id, role="tool",
-                                        content=orjson.dumps(content).decode())], False
-        if isinstance(event, RunFinished):
-            events = self._close_texts()
-            if event.status == "completed":
-                return [*events, RunFinishedEvent(thread_id=thread_id, run_id=run_id)], True
-            if event.status in ("cancelled", "aborted"):  # stopped, not failed (AG-UI 1.0)
-                return [*events, RunFinishedEvent(
-                    thread_id=thread_id, run_id=run_id, outcome=RunFinishedCancelledOutcome(),
-                    metadata={"cowrite": {"status": event.status, "reason": event.reason}})
-                ], True
-            code = event.status + (f":{event.reason}" if event.reason else "")
-            message = f"run {event.status}" + (f": {event.error.message}" if event.error else
-                                               f" ({event.reason})" if event.reason else "")
-            return [*events, RunErrorEvent(message=message, code=code)], True
-        return [], False
-
-
-    def lost(self, message: str) -> list[BaseEvent]:
-        """The link was lost mid-response: `RUN_ERROR` (the cowrite run goes on; the
-        thread's next input answering its pending call adopts it again)."""
-        return [*self._close_texts(), RunErrorEvent(message=message, code="connection_lost")]
-
-
-def _call(call_id: str, name: str, arguments: dict[str, Any]) -> list[BaseEvent]:
-    return [ToolCallStartEvent(tool_call_id=call_id, tool_call_name=name),
-            ToolCallArgsEvent(tool_call_id=call_id, delta=orjson.dumps(arguments).decode()),
-            ToolCallEndEvent(tool_call_id=call_id)]
 
 
 def _parse(data: dict[str, Any]) -> RunAgentInput:
