@@ -13,7 +13,8 @@ writes JSON and Markdown reports.
 
 Examples:
   python -m bench.load --spawn --docs 200 --runs 1 --edit-rate 0.2
-  python -m bench.load --url ws://127.0.0.1:8000 --token "$JWT" --docs 10
+  python -m bench.load --url ws://127.0.0.1:8000 --docs 10   # a server started with
+      COWRITE_JWT_SECRET=bench-secret-0123456789abcdef0123456789 (bench/common.py)
   python -m bench.load --spawn --redis --docs 100 --collaborators 2
 """
 

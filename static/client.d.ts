@@ -209,6 +209,8 @@ export type StateDetail =
       /** The upgrade was refused `attempts` times in a row (see `upgradeRefused`). */
       refused?: boolean;
       attempts?: number;
+      /** The WebSocket refused the URL (e.g. a scheme it does not take): not retried. */
+      invalidUrl?: boolean;
     };
 
 /**
@@ -255,13 +257,17 @@ export type CowriteEventMap = {
 };
 
 export interface CowriteClientOptions {
-  /** e.g. "wss://cowrite.example.com" (no trailing path). */
+  /**
+   * e.g. "wss://cowrite.example.com" (no trailing path). One without a scheme
+   * ("127.0.0.1:8000") throws a TypeError here.
+   */
   baseUrl: string;
   documentId: string;
   /** Called before every (re)connect; return a fresh JWT. */
   getToken: () => Promise<string> | string;
   /** Stable per tab across reconnects (default: random per instance). */
   clientId?: string;
+  /** Default `globalThis.WebSocket`; with neither (Node below 22) the constructor throws. */
   WebSocketImpl?: typeof WebSocket;
   backoff?: BackoffOptions;
   /** Refused upgrades in a row before giving up (default 3; 0 retries forever). */

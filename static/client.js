@@ -224,6 +224,16 @@ export class CowriteClient extends EventTarget {
     this.getToken = options.getToken;
     this.clientId = options.clientId ?? randomId("tab-");
     this.WebSocketImpl = options.WebSocketImpl ?? globalThis.WebSocket;
+    // Both used to fail later, out of reach: connect() returned and the process died on
+    // "this.WebSocketImpl is not a constructor", or the client stayed "connecting".
+    if (typeof this.WebSocketImpl !== "function") {
+      throw new TypeError("no WebSocket here: pass options.WebSocketImpl (Node below 22: " +
+                          "the `ws` package's WebSocket)");
+    }
+    if (!/^[a-z][a-z0-9+.-]*:/i.test(this.baseUrl)) {
+      throw new TypeError(`baseUrl must be a ws:// or wss:// URL with no path, e.g. ` +
+                          `ws://127.0.0.1:8000 (got ${JSON.stringify(options.baseUrl)})`);
+    }
     this.backoff = options.backoff ?? {};
     this.setTimer = options.setTimeout ?? ((fn, ms) => setTimeout(fn, ms));
     // A custom setTimeout's handles mean nothing to the global clearTimeout.
@@ -536,7 +546,14 @@ export class CowriteClient extends EventTarget {
     }
     if (generation !== this.generation) return; // close() (and maybe connect()) came meanwhile
     const url = `${this.baseUrl}/v1/documents/${encodeURIComponent(this.documentId)}/ws`;
-    const ws = new this.WebSocketImpl(url, ["cowrite.v1"]);
+    let ws;
+    try {
+      ws = new this.WebSocketImpl(url, ["cowrite.v1"]);
+    } catch (error) { // a URL the WebSocket refuses (a scheme it does not take): no retry helps
+      this.#setState("closed", { code: CLOSE.ABNORMAL, invalidUrl: true,
+        reason: `cannot open ${url}: ${error?.message ?? error}` });
+      return;
+    }
     this.ws = ws;
     let opened = false;
     // Every handler first checks that `ws` is still the client's socket: events of a

@@ -638,3 +638,29 @@ test("editorChange while reconnecting is kept and sent after the next welcome, b
   assert.deepEqual(client.unsentEdits, []);
   assert.equal(client.editorChange({ documentVersion: 6 }), true);
 });
+
+test("a client with no WebSocket or a baseUrl without a scheme throws at once", () => {
+  // connect() used to return and the process died later ("this.WebSocketImpl is not a
+  // constructor"), or the client stayed "connecting" for ever.
+  const options = { baseUrl: "ws://server", documentId: "d", getToken: () => "t" };
+  assert.throws(() => new CowriteClient({ ...options, WebSocketImpl: null,
+                                          ...(globalThis.WebSocket ? { WebSocketImpl: 42 } : {}) }),
+                /no WebSocket here: pass options\.WebSocketImpl/);
+  assert.throws(() => new CowriteClient({ ...options, baseUrl: "127.0.0.1:8000", WebSocketImpl: Fake }),
+                /baseUrl must be a ws:\/\/ or wss:\/\/ URL .*got "127\.0\.0\.1:8000"/);
+});
+
+test("a URL the WebSocket refuses closes the client with the reason, no retry", async () => {
+  class Refusing {
+    constructor(url) { throw new SyntaxError(`The URL's scheme must be either 'ws' or 'wss'. '${url}' is invalid.`); }
+  }
+  const { client, timers, states } = setup({ baseUrl: "localhost:8000", WebSocketImpl: Refusing });
+  client.connect();
+  await tick();
+  await tick();
+  assert.equal(client.state, "closed");
+  assert.equal(states.at(-1).invalidUrl, true);
+  assert.match(states.at(-1).reason, /^cannot open localhost:8000\/v1\/documents\/doc\/ws: The URL's scheme/);
+  assert.equal(timers.length, 0); // no reconnect scheduled
+});
+
