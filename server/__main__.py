@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from server.app import create_app
 from server.lifecycle import DrainingServer, drain
-from server.runner import uvicorn_config
+from server.runner import bind_metrics, uvicorn_config
 from server.settings import Settings
 from server.startup_errors import StartupError, settings_problems
 from server.tools.config import ConfigError
@@ -115,15 +115,19 @@ class AnnouncingServer(DrainingServer):
 
 
 def main() -> int:
+    metrics_sockets: list[socket.socket] = []
     try:
         settings = Settings()
         check_host(settings.host)
-        app = create_app(settings)
+        metrics_sockets = bind_metrics(settings)  # a port in use: one line, before anything
+        app = create_app(settings, metrics_sockets=metrics_sockets)
     except ValidationError as exc:  # a bad COWRITE_* value: one line each, no values
         for problem in settings_problems(exc):
             print(f"cowrite: {problem}", file=sys.stderr, flush=True)
         return 2
     except (StartupError, ConfigError, ValueError) as exc:  # the checks' own words, one line
+        for listener in metrics_sockets:
+            listener.close()
         print(f"cowrite: {exc}", file=sys.stderr, flush=True)
         return 2
     services = app.state.services

@@ -4,6 +4,7 @@ import asyncio
 import hmac
 import ipaddress
 import re
+import socket
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -93,7 +94,7 @@ def build_services(settings: Settings, tools: ToolCatalog | None = None) -> Serv
         max_steps=settings.max_steps,
     )
     auth, metrics, instance_id = Authenticator(settings), Metrics(), uuid.uuid4().hex[:12]
-    durable = settings.durable_runs and settings.redis_url is not None  # section 13
+    durable = settings.durable_runs and bool(settings.redis_url)  # section 13
     machine = RunMachine(MachineConfig(
         signer=auth, tool_timeout_s=settings.tool_timeout_s,
         approval_timeout_s=settings.approval_timeout_s, run_timeout_s=settings.run_timeout_s,
@@ -170,7 +171,10 @@ def _json(data: Any, status_code: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status_code, media_type="application/json")
 
 
-def create_app(settings: Settings | None = None) -> Starlette:
+def create_app(settings: Settings | None = None, *,
+               metrics_sockets: list[socket.socket] | None = None) -> Starlette:
+    """`metrics_sockets`: the `COWRITE_METRICS_PORT` listeners `python -m server` bound
+    up front (`runner.bind_metrics`); without them the lifespan binds the port itself."""
     settings = settings or Settings()
     configure_logging(settings.json_logs, settings.log_level)
     tracing.configure(settings)
@@ -213,8 +217,10 @@ def create_app(settings: Settings | None = None) -> Starlette:
             if scheme.lower() != "bearer":
                 raise AuthError("missing bearer token")
             return services.auth.verify(token.strip())
-        except AuthError as exc:
-            return _json({"error": str(exc)}, 401)
+        except AuthError as exc:  # the challenge the adapters' and /metrics' 401s carry
+            return Response(orjson.dumps({"error": str(exc)}), status_code=401,
+                            media_type="application/json",
+                            headers={"WWW-Authenticate": 'Bearer realm="cowrite"'})
 
     async def document_history(request: Request) -> list[dict[str, Any]] | Response:
         """The document's history for a caller allowed to read it, else the refusal."""
@@ -301,7 +307,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         await services.router.start()
         metrics_task = None
         if metrics_server is not None:
-            metrics_task = asyncio.create_task(metrics_server.serve())
+            metrics_task = asyncio.create_task(metrics_server.serve(metrics_sockets or None))
             await metrics_server.wait_started(metrics_task)
         await tools.start()
         llm = services.runs.llm

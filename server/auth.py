@@ -1,9 +1,9 @@
 """Identity (client JWTs) and per-call tokens.
 
-Client JWTs are verified with the configured HS256 secret or RS256/ES256
-public key. Per-call tokens (for `tool.result`) are HMACs under a key derived
-from a server secret with a fixed label, so a client JWT can never pass as a
-call token or the other way round.
+Client JWTs are verified with the configured HS256 secret or public key (RS256
+for an RSA key, ES256 for an EC P-256 key). Per-call tokens (for `tool.result`)
+are HMACs under a key derived from a server secret with a fixed label, so a
+client JWT can never pass as a call token or the other way round.
 """
 
 import binascii
@@ -19,6 +19,7 @@ import jwt
 import orjson
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from server.records import quick_init
 from server.settings import Settings
@@ -147,14 +148,23 @@ MIN_SECRET_BYTES = 32
 """RFC 7518 section 3.2: an HS256 key of at least the hash's size."""
 
 
-def _public_key(pem: str) -> Any:
-    """The verification key of `COWRITE_JWT_PUBLIC_KEY`, checked at start: a key that is
-    not a PEM public key refused every token later, with nothing in the log."""
+def _public_key(pem: str) -> tuple[Any, str]:
+    """The verification key of `COWRITE_JWT_PUBLIC_KEY` and the one algorithm it verifies,
+    checked at start: a key that is not a PEM public key refused every token later, with
+    nothing in the log. One algorithm, the key's own: with both RS256 and ES256 allowed, a
+    token naming the other key type's (`{"alg":"ES256"}` and an RSA key) made PyJWT raise
+    a TypeError, a 500 on every HTTP route and a dropped document socket."""
     try:
-        return serialization.load_pem_public_key(pem.encode())
+        key = serialization.load_pem_public_key(pem.encode())
     except (ValueError, TypeError, UnsupportedAlgorithm):
         raise ValueError("COWRITE_JWT_PUBLIC_KEY is not a PEM public key (RSA or EC, "
                          "-----BEGIN PUBLIC KEY-----)") from None
+    if isinstance(key, rsa.RSAPublicKey):
+        return key, "RS256"
+    if isinstance(key, ec.EllipticCurvePublicKey) and isinstance(key.curve, ec.SECP256R1):
+        return key, "ES256"
+    raise ValueError("COWRITE_JWT_PUBLIC_KEY must be an RSA key (RS256) or an EC P-256 key "
+                     "(ES256); other key types and curves are not accepted")
 
 
 class Authenticator:
@@ -163,8 +173,9 @@ class Authenticator:
     def __init__(self, settings: Settings) -> None:
         self._audience = settings.jwt_audience
         if settings.jwt_public_key:
-            self._verify_key: Any = _public_key(settings.jwt_public_key)
-            self._algorithms = ["RS256", "ES256"]
+            key, algorithm = _public_key(settings.jwt_public_key)
+            self._verify_key: Any = key
+            self._algorithms = [algorithm]
             self._signing_secret: bytes | None = None
         elif settings.jwt_secret:
             self._signing_secret = settings.jwt_secret.get_secret_value().encode()
@@ -184,7 +195,7 @@ class Authenticator:
                 "set COWRITE_JWT_SECRET or COWRITE_JWT_PUBLIC_KEY "
                 "(or COWRITE_DEV=1 for development)"
             )
-        drawn = settings.jwt_public_key is None and not settings.jwt_secret  # dev: random
+        drawn = not settings.jwt_public_key and not settings.jwt_secret  # dev: random
         if settings.call_token_secret:
             root, drawn = settings.call_token_secret.get_secret_value().encode(), False
         elif self._signing_secret is not None:
@@ -211,6 +222,8 @@ class Authenticator:
             )
         except jwt.PyJWTError as exc:
             raise AuthError(jwt_problem(exc)) from exc
+        except (TypeError, ValueError) as exc:  # a token PyJWT fails on without its errors
+            raise AuthError("invalid token") from exc
         sub, docs, role = claims.get("sub"), claims.get("docs", []), claims.get("role", "editor")
         if not isinstance(sub, str) or not sub:
             raise AuthError("invalid token: 'sub' must be a non-empty string")

@@ -11,6 +11,7 @@ own frame cap sits above ours so a too-large frame normally gets our
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,7 @@ from starlette.applications import Starlette
 
 from server.httpguard import GuardedHttpProtocol
 from server.settings import Settings
+from server.startup_errors import StartupError
 from server.wsprotocol import LeanSansIOProtocol, frame_limit
 
 
@@ -46,6 +48,39 @@ def metrics_config(app: Starlette, settings: Settings) -> uvicorn.Config:
     return uvicorn.Config(app, host=settings.host, port=settings.metrics_port or 0,
                           http=GuardedHttpProtocol, lifespan="off", log_level="warning",
                           access_log=False, ws="none", timeout_graceful_shutdown=1)
+
+
+def bind_metrics(settings: Settings) -> list[socket.socket]:
+    """The `COWRITE_METRICS_PORT` listeners, bound before anything starts (one per
+    address of `COWRITE_HOST`, as asyncio's `create_server` binds): a port in use stops
+    the start in one line. Bound by uvicorn inside the lifespan, it was uvicorn's
+    `sys.exit(3)` through the event loop, an 81-line traceback."""
+    port = settings.metrics_port
+    if port is None:
+        return []
+    listeners: list[socket.socket] = []
+    try:
+        found = socket.getaddrinfo(settings.host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+        for family, kind, proto, _, address in dict.fromkeys(found):
+            try:
+                listener = socket.socket(family, kind, proto)
+            except OSError:  # a family this machine lacks (IPv6 off): asyncio skips it too
+                continue
+            listeners.append(listener)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            listener.bind(address)
+    except OSError as exc:
+        for listener in listeners:
+            listener.close()
+        reason = exc.strerror or "cannot bind"
+        raise StartupError(f"COWRITE_METRICS_PORT: cannot listen on that port of COWRITE_HOST "
+                           f"({reason}): free it or choose another port") from None
+    if not listeners:
+        raise StartupError("COWRITE_METRICS_PORT: no address of COWRITE_HOST to listen on")
+    return listeners
 
 
 class MetricsServer(uvicorn.Server):

@@ -181,11 +181,17 @@ class Settings(BaseSettings):
             origins.append(origin)
         return origins
 
-    @field_validator("config", mode="before")
+    @field_validator("config", "jwt_secret", "jwt_public_key", "jwt_audience",
+                     "call_token_secret", "redis_url", "openai_api_key", "openai_base_url",
+                     mode="before")
     @classmethod
     def _empty_config_is_unset(cls, value: object) -> object:
-        """`COWRITE_CONFIG=` (as a template or a shell leaves it) means no tool file;
-        it was read as the path `.`, a directory."""
+        """An optional setting left empty or blank (`COWRITE_CONFIG=`, as a template or a
+        shell leaves it) is unset: `COWRITE_CONFIG=` was read as the path `.`, a
+        directory; `COWRITE_JWT_AUDIENCE=` refused every token for lacking an `aud`;
+        `COWRITE_JWT_PUBLIC_KEY=` skipped the check that instances sharing Redis share a
+        call-token key; `COWRITE_REDIS_URL=` announced durable runs on the memory
+        backend. (`COWRITE_METRICS_TOKEN=` stays an error: it would open /metrics.)"""
         if isinstance(value, str) and not value.strip():
             return None
         return value

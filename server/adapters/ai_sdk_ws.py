@@ -17,12 +17,17 @@ none; a frame refused by the JSON limits, too deep or with an integer beyond
 At most `MAX_IN_FLIGHT` requests stream at once on one socket (the transport
 has one per chat it serves); one more is an `error` (`rate_limited`), not a
 task.
+A socket is one user's, like the document socket: its first request with a good
+token takes one of that user's `COWRITE_MAX_CONNECTIONS_PER_USER` slots, for as long
+as the socket lives (over the cap: `error` `rate_limited`, then close 4008); a
+request with another user's token is refused (`forbidden`), the socket stays.
 """
 
 import asyncio
 import contextlib
 import logging
 import re
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -30,6 +35,7 @@ import orjson
 from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from protocol.codes import CloseCode, ErrorCode
 from protocol.parsing import ParseFailure, decode_frame
 from server.adapters.ai_sdk import (
     CHAT_ID,
@@ -42,6 +48,7 @@ from server.adapters.ai_sdk_chunks import Chunk
 from server.adapters.chat import ChatRun, ChatRuns
 from server.adapters.http import DOCUMENT_ID, HttpFailure, principal_for
 from server.agent.work import new_ref
+from server.auth import Principal
 from server.backends.base import BackendUnavailable
 from server.limits import HandshakeGate, InvalidStreak, TokenBucket
 from server.services import Services
@@ -62,7 +69,7 @@ class _Socket:
         self.viewing: set[str] = set()  # requests of a viewer: an abort stops the stream only
         self.authenticated = False  # a request with a good token was made on it
         self.on_authenticated: Callable[[], None] = lambda: None
-        self.waiting: asyncio.Timeout | None = None  # the deadline of the read under way
+        self.slot: tuple[str, str] | None = None  # (user id, connection id): whose it is
 
     async def write(self, frame: dict[str, Any]) -> None:
         async with self.lock:
@@ -79,12 +86,15 @@ class _Socket:
 
     async def serve(self) -> None:
         """Requests until the peer goes. Like the document socket, a socket must make an
-        authenticated request within `COWRITE_HELLO_TIMEOUT_S` (4001), counts against
-        the handshake cap until it has, and meets the per-connection message rate and
-        invalid-frame limits (4400): sockets with no token were held for ever, and
-        their frames (1 MB each) parsed and dropped without limit."""
+        authenticated request within `COWRITE_HELLO_TIMEOUT_S` of its upgrade (4001),
+        counts against the handshake cap until it has, and meets the per-connection
+        message rate and invalid-frame limits (4400): sockets with no token were held
+        for ever, and their frames (1 MB each) parsed and dropped without limit."""
         settings = self.services.settings
-        limit, deadline = settings.max_message_bytes, settings.hello_timeout_s
+        limit = settings.max_message_bytes
+        # One deadline from the upgrade: each read had its own, so a frame every few
+        # seconds (an abort, a bad token) held the socket and its handshake slot for ever.
+        deadline = asyncio.get_running_loop().time() + settings.hello_timeout_s
         bucket = TokenBucket(settings.rate_messages_per_s, settings.rate_messages_per_s * 2)
         streak = InvalidStreak(settings.max_invalid_messages)
         while True:
@@ -92,8 +102,7 @@ class _Socket:
                 message = await self.ws.receive()
             else:  # a deadline only until a request with a good token
                 try:
-                    self.waiting = asyncio.timeout(deadline)
-                    async with self.waiting:
+                    async with asyncio.timeout_at(deadline):
                         message = await self.ws.receive()
                 except TimeoutError:
                     await self.ws.close(4001, "no authenticated request in time")
@@ -142,7 +151,13 @@ class _Socket:
                                       f"rate_limited: at most {MAX_IN_FLIGHT} requests in "
                                       "flight on one socket"})
                     continue
-                task = asyncio.get_running_loop().create_task(self._request(request_id, frame))
+                principal = await self._admit(request_id, frame)
+                if principal is None:
+                    if self.ws.application_state is WebSocketState.CONNECTED:
+                        continue
+                    return  # closed 4008
+                task = asyncio.get_running_loop().create_task(
+                    self._request(request_id, frame, principal))
                 self.tasks[request_id] = task
                 task.add_done_callback(self._forget(request_id))
             else:
@@ -156,15 +171,43 @@ class _Socket:
             self.aborted.discard(request_id)
         return done
 
-    async def _request(self, request_id: str, frame: dict[str, Any]) -> None:
+    async def _admit(self, request_id: str, frame: dict[str, Any]) -> Principal | None:
+        """The request's caller, or None once its `error` is written. The first good
+        token takes a slot of its user's connections (section 6a), held until the socket
+        ends (these sockets were not counted: a user capped at 2 document sockets kept 20
+        of them open); over the cap the socket is closed 4008, like a document socket
+        refused at its hello. Taken here, before the request's task, so that two first
+        requests cannot both take one. A socket is its first user's: another user's
+        token is refused (each frame carries its own token, and one socket counting for
+        several users, or for none of them, would let the cap be sidestepped)."""
         try:
             principal = principal_for(self.services, self._token(frame), self.document_id,
                                       write=frame["type"] == "send")
-            if not self.authenticated:
-                self.authenticated = True
+            if self.slot is None:
+                limit = self.services.settings.max_connections_per_user
+                slot = (principal.user_id, uuid.uuid4().hex)
+                if not await self.services.backend.acquire_connection(*slot, limit):
+                    why = f"at most {limit} connections per user"
+                    await self.write({"type": "error", "requestId": request_id,
+                                      "errorText": f"rate_limited: {why}"})
+                    await self.ws.close(int(CloseCode.RATE_LIMITED), why)
+                    return None
+                self.slot, self.authenticated = slot, True
                 self.on_authenticated()
-                if self.waiting is not None:  # the read under way no longer has a deadline
-                    self.waiting.reschedule(None)
+            elif principal.user_id != self.slot[0]:
+                raise HttpFailure(ErrorCode.FORBIDDEN, "this socket belongs to the user of "
+                                  "its first request; open another one for this user")
+            return principal
+        except HttpFailure as failure:
+            answer = f"{failure.code.value}: {failure.message}"
+        except BackendUnavailable:  # no slot taken: the next request tries again
+            answer = "unavailable: the shared backend is unavailable"
+        await self.write({"type": "error", "requestId": request_id, "errorText": answer})
+        return None
+
+    async def _request(self, request_id: str, frame: dict[str, Any], principal: Principal
+                       ) -> None:
+        try:
             # Their abort stops their own stream only: a viewer's cancelled the run it
             # followed, and so did a resume's (the AI SDK aborts a resume that a newer one
             # replaces: a remount, React StrictMode's second effect, a retry).
@@ -286,7 +329,12 @@ async def ai_sdk_socket(ws: WebSocket) -> None:
         pass
     finally:
         authenticated()
-        await socket.close()
-        with contextlib.suppress(Exception):
-            await ws.close()
+        try:
+            await socket.close()
+            with contextlib.suppress(Exception):
+                await ws.close()
+        finally:
+            if socket.slot is not None:  # after its requests: they used it till now
+                with contextlib.suppress(BackendUnavailable):
+                    await services.backend.release_connection(*socket.slot)
 

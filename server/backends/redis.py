@@ -93,15 +93,29 @@ def _run_keys(document_id: str) -> list[str]:
             f"cw:{{{document_id}}}:run-parts"]
 
 
+def _url_problem(exc: ValueError) -> str:
+    """redis-py's words for a URL it cannot parse, when they hold none of the URL (the
+    scheme, a query parameter's name); urllib's about a port quote its text, which a
+    misplaced password would be."""
+    said = str(exc)
+    if said.startswith(("Redis URL must specify", "Invalid value for")):
+        return said
+    return ("not a Redis URL: write redis://[[user]:password@]host[:port][/db], "
+            "rediss://... or unix://path")
+
+
 class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances, RedisPresence):
     remote = True
 
     def __init__(self, url: str, log_max_events: int = 10_000, op_timeout_s: float = 2.0) -> None:
         self._url = url
-        self._redis = aioredis.Redis.from_url(
-            url, decode_responses=True, socket_timeout=op_timeout_s,
-            socket_connect_timeout=op_timeout_s, health_check_interval=10,
-        )
+        try:
+            self._redis = aioredis.Redis.from_url(
+                url, decode_responses=True, socket_timeout=op_timeout_s,
+                socket_connect_timeout=op_timeout_s, health_check_interval=10,
+            )
+        except ValueError as exc:  # the start's one line names the variable, not its value
+            raise ValueError(f"COWRITE_REDIS_URL: {_url_problem(exc)}") from None
         self._log_max_events = log_max_events
         self._append = self._redis.register_script(APPEND_LUA)
         self._fenced_append = self._redis.register_script(FENCED_APPEND_LUA)
