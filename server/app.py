@@ -3,6 +3,7 @@
 import asyncio
 import hmac
 import ipaddress
+import mimetypes
 import re
 import socket
 import uuid
@@ -60,6 +61,9 @@ THREAD_ID_RE = re.compile(THREAD_ID_PATTERN)
 LIMIT_RE = re.compile(r"[0-9]{1,6}")
 HISTORY_LIMIT_MAX = HISTORY_MAX_ENTRIES  # a document keeps no more than this
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+# The client's type declarations (`client.d.ts`): Debian's mime.types names `.ts` Qt's
+# translation files (`text/vnd.trolltech.linguist`), which browsers offer to download.
+mimetypes.add_type("application/typescript", ".ts")
 DOCUMENT_SOCKET = "/v1/documents/{document_id:path}/ws"
 
 

@@ -18,6 +18,10 @@ async def test_health_ready_metrics_and_page(server: Server) -> None:
         assert ready.status_code == 200
         page = await http.get("/")
         assert page.status_code == 200 and "cowrite" in page.text
+        typings = await http.get("/static/client.d.ts")  # was Qt's text/vnd.trolltech.linguist
+        assert typings.headers["content-type"].startswith("application/typescript")
+        script_file = await http.get("/static/client.js")
+        assert script_file.headers["content-type"].startswith("text/javascript")
         async with joined(server):
             metrics = (await http.get("/metrics")).text
         assert "cowrite_connections_open 1.0" in metrics
