@@ -27,6 +27,7 @@ from protocol.base import DEFAULT_THREAD, THREAD_ID_PATTERN
 from protocol.schema import build_schema
 from protocol.server import Limits
 from server import tracing
+from server.adapters import http as http_edge
 from server.adapters.agui import post_agui
 from server.adapters.ai_sdk import get_chat_stream, post_chat
 from server.adapters.ai_sdk_ws import ai_sdk_socket
@@ -162,12 +163,15 @@ DEV_TOKEN_BODY_MAX = 65_536
 
 async def _small_body(request: Request, limit: int) -> bytes | None:
     """The body, or None once it passes `limit` bytes (the rest is not read: a dev
-    token request is a few hundred bytes, and a body of any size was held in memory)."""
+    token request is a few hundred bytes, and a body of any size was held in memory).
+    TimeoutError when it has not all arrived within BODY_TIMEOUT_S (a trickled body
+    held its socket for ever), as the adapters' bodies."""
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            return None
+    async with asyncio.timeout(http_edge.BODY_TIMEOUT_S):
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                return None
     return bytes(body)
 
 
@@ -284,7 +288,11 @@ def create_app(settings: Settings | None = None, *,
         if not _dev_request_is_local(request):
             return _json({"error": "forbidden: a loopback Host, a JSON body and no other "
                                    "site's Origin are required"}, 403)
-        raw = await _small_body(request, DEV_TOKEN_BODY_MAX)
+        try:
+            raw = await _small_body(request, DEV_TOKEN_BODY_MAX)
+        except TimeoutError:
+            return _json({"error": "request body not received within "
+                                   f"{http_edge.BODY_TIMEOUT_S:g} s"}, 408)
         if raw is None:
             return _json({"error": f"request body larger than {DEV_TOKEN_BODY_MAX} bytes"}, 413)
         try:

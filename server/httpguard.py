@@ -1,4 +1,5 @@
-"""uvicorn's httptools protocol with a bound on a request's head: its size and its time.
+"""uvicorn's httptools protocol with a bound on a request's head (its size and its
+time) and on a connection held by a body nobody reads.
 
 Every connection, WebSocket or not, starts as an HTTP request read by
 uvicorn's `HttpToolsProtocol`, which bounds neither: httptools buffers a
@@ -7,8 +8,28 @@ connection that sends half a request head is held until the client goes (a
 few bytes every minute keep it forever). `GuardedHttpProtocol` answers 431
 once a head passes `HEAD_MAX_BYTES` and 408 when a head has not completed
 within `HEAD_TIMEOUT_S` of its first byte (of the connection, for the first
-request), then closes. Bodies are not its business (each route bounds its own
-body), and neither is the time between requests (uvicorn's keep-alive timeout).
+request; bytes between requests, the empty lines the parser skips, start the
+next head's time), then closes.
+
+The size is exact: the parser is given no more of a head than the limit
+allows (it was counted after each read, and a head that ended inside the read
+crossing the limit was served: heads up to 128 KiB were). Reads are fed in
+pieces of at most `FEED_BYTES`, a head being counted from the start of the
+piece it begins in: exact for a head at the start of a read, and at most
+`FEED_BYTES` too many for a pipelined head following another request's body.
+
+A body is each route's business (each bounds its own size and time), but one
+still arriving after its request was answered (a 401 before the body, a 413,
+a route that reads none) is read by no one: uvicorn cancels its keep-alive
+timer on every byte and never ends such a request, so a body trickled a byte
+every few seconds held the connection for ever (240 of them took every file
+descriptor). When an answer completes before its request's body, the
+connection is closed the way a refused head is (after `LINGER_S`, its input
+dropped). The time between requests is uvicorn's keep-alive timeout.
+
+A refusal of a pipelined head (one sent while the answer before it is still
+being written, a stream say) waits for that answer's end: it was written into
+the stream, whose next write then raised in the app (write after write_eof).
 """
 
 import asyncio
@@ -25,6 +46,9 @@ under a second for a few KB; a client sending a byte a minute is holding a slot.
 
 LINGER_S = 2.0
 """How long a refused connection stays open, its input dropped, for the answer to be read."""
+
+FEED_BYTES = 8_192
+"""The most bytes of a read the parser is given at once (see the module docstring)."""
 
 
 def _answer(status: bytes, reason: str) -> bytes:
@@ -47,7 +71,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._head_bytes: int | None = 0  # None: no head is being read
         self._head_timer: asyncio.TimerHandle | None = None
-        self._refused = False
+        self._in_message = False  # between a request's first byte and its body's end
+        self._refused = False  # what arrives is dropped: answered, closing
+        self._deferred: bytes | None = None  # a refusal written once the answer under way ends
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -58,16 +84,27 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._refused:
-            return
-        super().data_received(data)
-        if self._head_bytes is not None and self.transport.get_protocol() is self:
-            self._head_bytes += len(data)
-            if self._head_bytes > HEAD_MAX_BYTES:
-                self._refuse(HEAD_TOO_LARGE)
+        start = 0
+        while start < len(data) and not self._refused:
+            if self._head_bytes is None and not self._in_message:
+                self._start_head()  # the empty lines before a request line are its head's
+            room = FEED_BYTES if self._head_bytes is None else \
+                min(FEED_BYTES, HEAD_MAX_BYTES - self._head_bytes)
+            piece = data[start:start + room] if start or len(data) > room else data
+            start += len(piece)
+            super().data_received(piece)
+            transport = self.transport
+            if transport.get_protocol() is not self or transport.is_closing() or \
+                    self.parser.should_upgrade():
+                return  # a WebSocket now, a 400, or an upgrade uvicorn ignores the rest of
+            if self._head_bytes is not None:
+                self._head_bytes += len(piece)
+                if self._head_bytes >= HEAD_MAX_BYTES:  # and still no end: at least one more
+                    self._refuse(HEAD_TOO_LARGE)
 
     def on_message_begin(self) -> None:
         """The first byte of a request (the next one on a kept-alive connection)."""
+        self._in_message = True
         self._start_head()
         super().on_message_begin()
 
@@ -75,6 +112,26 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_bytes = None
         self._stop_head_timer()
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._in_message = False
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        """An answer has been written. A refusal that waited for it is written now. When
+        its request's body has not all arrived, no one will read the rest: the connection
+        is closed after `LINGER_S`, the rest dropped (the client reads the answer
+        meanwhile), as a refused head's is."""
+        cycle = self.cycle
+        unread = cycle.response_complete and cycle.more_body  # not a pipelined request's
+        super().on_response_complete()  # counts the request and resumes reading
+        if self.transport.is_closing() or not (unread or self._deferred is not None):
+            return
+        self._unset_keepalive_if_required()
+        if self._deferred is not None:
+            self.transport.write(self._deferred)
+            self._deferred = None
+        self._linger()
 
     def _start_head(self) -> None:
         if self._head_bytes is None:
@@ -94,17 +151,25 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _refuse(self, answer: bytes) -> None:
         """Answer, then close once the client has had time to read it. The parser
-        is spent (it stopped mid-head), so what still arrives is dropped: closing
-        at once with unread bytes in the socket makes the kernel reset the
-        connection, and a client still sending its head never saw the answer."""
+        is spent (it stopped mid-head), so what still arrives is dropped. A head
+        pipelined behind an answer still under way is answered after it."""
         self._head_bytes = None
         self._stop_head_timer()
-        transport = self.transport
-        if transport.is_closing():
+        if self.transport.is_closing():
             return
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._refused, self._deferred = True, answer
+            return
+        self.transport.write(answer)
+        self._linger()
+
+    def _linger(self) -> None:
+        """End the answer and close `LINGER_S` later, dropping what arrives meanwhile:
+        closing at once with unread bytes in the socket makes the kernel reset the
+        connection, and a client still sending never sees the answer."""
         self._refused = True
-        transport.write(answer)
+        self._stop_head_timer()
+        transport = self.transport
         if transport.can_write_eof():
             transport.write_eof()
         self.loop.call_later(LINGER_S, transport.close)
-

@@ -164,3 +164,18 @@ async def test_a_dev_token_body_past_64_kib_is_refused_unread() -> None:
         small = await http.post("/v1/dev/token", content=orjson.dumps({"user": "eve"}),
                                 headers={"content-type": "application/json"})
         assert small.status_code == 200 and small.json()["token"]
+
+
+async def test_a_dev_token_body_that_does_not_arrive_in_time_is_408(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dev token body trickled a byte at a time held its socket for ever."""
+    from server.adapters import http as adapter_http
+
+    monkeypatch.setattr(adapter_http, "BODY_TIMEOUT_S", 0.5)
+    async with running_server(dev=True) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.settings.port)
+        writer.write(b"POST /v1/dev/token HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+        answer = await asyncio.wait_for(reader.read(4096), 5)
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 408") and b"not received within 0.5 s" in answer

@@ -54,8 +54,11 @@ async def test_a_request_head_over_64_kib_is_431_and_a_large_body_is_not(server:
         b"a" * 60_000 + b"\r\n\r\n"
     assert status(await exchange(server, fits)) == 200
     async with running_server(dev=True) as dev, httpx.AsyncClient(base_url=dev.http) as http:
-        issued = await http.post("/v1/dev/token", json={"user": "bob", "pad": "x" * 300_000})
+        issued = await http.post("/v1/dev/token", json={"user": "bob", "pad": "x" * 60_000})
         assert issued.status_code == 200 and "token" in issued.json()
+        # past the route's own 64 KiB: its 413, not the head's 431
+        refused = await http.post("/v1/dev/token", json={"user": "bob", "pad": "x" * 300_000})
+        assert refused.status_code == 413 and "larger than" in refused.json()["error"]
 
 
 async def test_a_head_that_does_not_arrive_in_time_is_408(monkeypatch: pytest.MonkeyPatch
