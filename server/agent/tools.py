@@ -20,7 +20,7 @@ from protocol.jsonlimits import nesting_over
 from protocol.parsing import DEFAULT_MAX_JSON_DEPTH
 from server.ports import ServerTools
 from server.records import quick_init
-from server.tools.schemas import ArgumentCheck, argument_check
+from server.tools.schemas import ArgumentCheck, argument_check, validator_class
 
 SCHEMA_CHECKS_CACHED = 512
 VERDICTS_KEPT = 64  # per run
@@ -64,7 +64,7 @@ def _judge_schema(parameters: dict[str, Any]) -> str | None:
     if parameters.get("type", "object") != "object":
         return "must describe an object"
     try:
-        jsonschema.Draft202012Validator.check_schema(parameters)
+        validator_class(parameters).check_schema(parameters)
     except jsonschema.SchemaError as exc:
         return f"is not a valid JSON Schema: {exc.message}"
     except RecursionError:

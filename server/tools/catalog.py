@@ -135,7 +135,10 @@ class ToolCatalog:
         self._workflows = {w.name: w for w in config.workflows}
         self._static = self._load_python(config.tools)
         timings = mcp_timings or McpTimings()
-        self._mcp = [McpConnection(c, timings) for c in config.mcp if c.enabled]
+        # A stdio server's line holds one JSON-RPC message around the output: twice the
+        # output limit leaves room for its envelope and JSON escapes.
+        self._mcp = [McpConnection(c, timings, max_line_bytes=2 * max_output_bytes)
+                     for c in config.mcp if c.enabled]
         self._mcp_cache: dict[str, tuple[int, list[_Entry]]] = {}
 
     # Loading -----------------------------------------------------------------

@@ -10,9 +10,11 @@ instead of being silently ignored. Everything here is free of I/O except
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from server.settings import MAX_SECONDS
 
 TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
@@ -20,6 +22,11 @@ TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 MCP_SERVER_NAME = r"^[A-Za-z0-9_-]{1,32}$"
 WORKFLOW_NAME = r"^[A-Za-z0-9._:-]{1,64}$"
 IMPORT_STRING = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
+# A tool's `timeout_s`: finite, at most a year (as the COWRITE_*_S settings); a
+# workflow's `max_steps`: a run's step count is checkpointed as a 64-bit integer, and
+# a value beyond that started a run whose every checkpoint was skipped.
+TimeoutSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
+MAX_STEPS = 10_000
 
 
 class ConfigError(Exception):
@@ -39,7 +46,7 @@ class PythonToolConfig(_Strict):
     name: str | None = Field(default=None, pattern=TOOL_NAME)  # default: the function's name
     enabled: bool = True
     requires_approval: bool = False
-    timeout_s: float | None = Field(default=None, gt=0)  # default: COWRITE_SERVER_TOOL_TIMEOUT_S
+    timeout_s: TimeoutSeconds | None = None  # default: COWRITE_SERVER_TOOL_TIMEOUT_S
     idempotent: bool = False
 
 
@@ -54,7 +61,7 @@ class McpServerConfig(_Strict):
     headers: dict[str, str] | None = None
     enabled: bool = True
     requires_approval: bool = True
-    timeout_s: float | None = Field(default=None, gt=0)
+    timeout_s: TimeoutSeconds | None = None  # default: COWRITE_SERVER_TOOL_TIMEOUT_S
     idempotent: bool = False
     tools: list[str] | None = None  # allowlist of the server's own tool names
     rename: dict[str, str] = Field(default_factory=dict)  # MCP tool name -> cowrite name
@@ -90,7 +97,7 @@ class Workflow(_Strict):
     system_prompt: str | None = None  # default: COWRITE_SYSTEM_PROMPT
     tools: list[str] | None = None
     approval: list[str] = Field(default_factory=list)
-    max_steps: int | None = Field(default=None, ge=1)  # default: COWRITE_MAX_STEPS
+    max_steps: int | None = Field(default=None, ge=1, le=MAX_STEPS)  # default: COWRITE_MAX_STEPS
 
     @model_validator(mode="after")
     def _check(self) -> "Workflow":

@@ -15,16 +15,21 @@ resources, replaced by its size, since a model cannot use the bytes as text.
 """
 
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
 import mcp.types as mcp_types
+import orjson
 
 from server.tools.config import TOOL_NAME_RE, McpServerConfig
 from server.tools.context import ToolError
+from server.tools.schemas import validator_class
 
 _INVALID = re.compile(r"[^A-Za-z0-9_-]")
+VERDICTS_CACHED = 4096  # distinct schemas; canonical JSON -> the problem (None: usable)
+_verdicts: OrderedDict[bytes, str | None] = OrderedDict()
 
 
 def cowrite_name(server: str, tool: str, rename: dict[str, str]) -> str | None:
@@ -61,16 +66,33 @@ def tool_output(result: mcp_types.CallToolResult) -> Any:
     return [_block(b) for b in result.content]
 
 
-def _schema_problem(schema: dict[str, Any]) -> str | None:
+def _judge_schema(schema: dict[str, Any]) -> str | None:
     if schema.get("type", "object") != "object":
         return "its input schema does not describe an object"
     try:
-        jsonschema.Draft202012Validator.check_schema(schema)
+        validator_class(schema).check_schema(schema)
     except jsonschema.SchemaError:
         return "its input schema is not a valid JSON Schema"
     except RecursionError:  # one tool's schema, not the whole listing
         return "its input schema is nested too deeply"
     return None
+
+
+def _schema_problem(schema: dict[str, Any]) -> str | None:
+    """The verdict on one schema, kept per distinct schema: a server's listing is
+    checked on every change, and the metaschema check of 500 tools held the event
+    loop 2 s."""
+    try:
+        key = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+    except (TypeError, ValueError):  # too deep for orjson: judged without the cache
+        return _judge_schema(schema)
+    if key in _verdicts:
+        _verdicts.move_to_end(key)
+        return _verdicts[key]
+    verdict = _verdicts[key] = _judge_schema(schema)
+    if len(_verdicts) > VERDICTS_CACHED:
+        _verdicts.popitem(last=False)
+    return verdict
 
 
 @dataclass(frozen=True)

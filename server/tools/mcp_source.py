@@ -40,6 +40,7 @@ from server.tools.config import McpServerConfig
 from server.tools.context import ToolError, ToolUnavailable
 from server.tools.mcp_failures import CONNECTION_ERRORS, Failure, check_cwd, describe_failure
 from server.tools.mcp_results import McpTool, convert_listing, tool_output, unknown_names
+from server.tools.mcp_stdio import StdioState, stdio_transport
 
 log = logging.getLogger("cowrite.tools.mcp")
 
@@ -62,8 +63,10 @@ class McpTimings:
 class McpConnection:
     """The live state of one `[[mcp]]` server: its tools, whether it is up, why not."""
 
-    def __init__(self, config: McpServerConfig, timings: McpTimings) -> None:
+    def __init__(self, config: McpServerConfig, timings: McpTimings,
+                 max_line_bytes: int = 2 * 1_048_576) -> None:
         self.config = config
+        self.max_line_bytes = max_line_bytes  # of a stdio server's stdout
         self.name = config.name
         self.timings = timings
         self.tools: list[McpTool] = []
@@ -81,6 +84,8 @@ class McpConnection:
         self._closing = False
         self._last_failure: str | None = None  # the reason last logged (see `_log_down`)
         self._unknown_warned: set[str] = set()  # allowlist and rename typos, warned once
+        self._stdio: StdioState | None = None  # the current stdio connection's transport
+        self._listed: list[mcp_types.Tool] | None = None  # the last listing, as received
 
     @property
     def up(self) -> bool:
@@ -140,7 +145,7 @@ class McpConnection:
 
     async def call(self, mcp_name: str, arguments: dict[str, Any]) -> Any:
         """Call one tool; ToolUnavailable when the server is down, ToolError when it says no."""
-        client = self._client
+        client, stdio = self._client, self._stdio
         if client is None:
             raise ToolUnavailable(f"MCP server {self.name} is not reachable right now; "
                                   "try again later")
@@ -149,13 +154,23 @@ class McpConnection:
         except MCPError as exc:
             if _closed(exc):
                 self._connection_lost(client)
-                raise ToolUnavailable(f"MCP server {self.name} went away during the call") from exc
+                raise ToolUnavailable(self._gone(stdio)) from exc
             log.warning("mcp server %s refused %s: %s", self.name, mcp_name, exc.error.message)
+            # A server that restarted and lost its HTTP sessions refuses every call
+            # (-32600, -32001): relist now, which reconnects when the listing fails too,
+            # rather than at the next poll (at most one listing per `relist_gap_s`).
+            self._wake.set()
             raise ToolError(f"MCP server {self.name} refused the call (error {exc.code})") from exc
         except CONNECTION_ERRORS as exc:
             self._connection_lost(client)
-            raise ToolUnavailable(f"MCP server {self.name} went away during the call") from exc
+            raise ToolUnavailable(self._gone(stdio)) from exc
         return tool_output(result)
+
+    def _gone(self, stdio: StdioState | None) -> str:
+        if stdio is not None and stdio.oversized:
+            return (f"MCP server {self.name} sent a message over {stdio.max_line_bytes} bytes; "
+                    "it is being restarted")
+        return f"MCP server {self.name} went away during the call"
 
     # The supervisor ---------------------------------------------------------
 
@@ -177,17 +192,44 @@ class McpConnection:
         elif isinstance(message, Exception):
             log.debug("mcp server %s transport: %r", self.name, message)
 
-    def _log_down(self, failure: Failure, exc: Exception | None) -> None:
+    def _log_down(self, failure: Failure, exc: Exception | None) -> Failure:
         """One line per failure, naming what to fix; a traceback only for a failure
         nobody expects, and a failure like the last one at debug level (a missing
         command printed a 50-line traceback every retry, for ever). A server that was
-        up and went down is always a warning (a crash was restarted without a word)."""
+        up and went down is always a warning (a crash was restarted without a word).
+        A stdio server's last stderr lines follow, at the same level."""
+        failure = self._stdio_failure(failure)
         repeated = failure.logged == self._last_failure
         self._last_failure = failure.logged
-        log.log(logging.DEBUG if repeated else logging.WARNING,
-                "mcp server %s %s: %s; restarting in the background", self.name,
+        level = logging.DEBUG if repeated else logging.WARNING
+        log.log(level, "mcp server %s %s: %s; restarting in the background", self.name,
                 "went down" if self._connected else "is down", failure.logged,
                 exc_info=None if failure.expected or repeated else exc)
+        tail = list(self._stdio.stderr_tail) if self._stdio is not None else []
+        if tail:
+            log.log(level, "mcp server %s: the last %d lines of its stderr: %s", self.name,
+                    len(tail), " | ".join(line.strip() for line in tail))
+        return failure
+
+    def _stdio_failure(self, failure: Failure) -> Failure:
+        """A stdio server's own account of its end, when it has one: a process that
+        exited before the handshake, with its last stderr line (a missing module, a
+        bad flag), or a message over the line limit. A crash of a server that was up
+        keeps its usual line; its stderr follows it."""
+        stdio = self._stdio
+        if stdio is None:
+            return failure
+        if stdio.oversized:
+            too_big = f"it sent a message over {stdio.max_line_bytes} bytes"
+            return Failure(too_big, f"{too_big} (twice COWRITE_MAX_MESSAGE_BYTES)")
+        code = stdio.exit_code
+        if code is None or self._connected:
+            return failure
+        ended = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        last = stdio.stderr_tail[-1] if stdio.stderr_tail else None
+        said = f"its last stderr line: {last!r}" if last else "it wrote nothing to stderr"
+        return Failure(f"its process {ended}",
+                       f"process {ended} before the handshake; {said}")
 
     async def _supervise(self) -> None:
         with anyio.CancelScope() as self._scope:
@@ -203,13 +245,11 @@ class McpConnection:
             except Exception as exc:  # any failure of the server: restart, never crash
                 if self._closing:
                     return  # a cancellation the transport turned into an error
-                failure = describe_failure(exc, self.config)
-                reason = failure.problem
-                self._log_down(failure, exc)
+                reason = self._log_down(describe_failure(exc, self.config), exc).problem
             else:  # it was up, and the connection was lost (a crash, an abrupt end)
                 if self._closing:
                     return
-                self._log_down(Failure(reason, reason), None)
+                reason = self._log_down(Failure(reason, reason), None).problem
             if self._connected:
                 delay = self.timings.retry_min_s  # it worked: start the backoff over
             self._client = None
@@ -234,7 +274,9 @@ class McpConnection:
                 params = StdioServerParameters(
                     command=command[0], args=command[1:], env=self.config.env,
                     cwd=self.config.cwd)
-                client = Client(params, message_handler=self._on_message, client_info=info)
+                self._stdio = StdioState(self.max_line_bytes)
+                transport = stdio_transport(params, self._stdio, self.name, self._wake.set)
+                client = Client(transport, message_handler=self._on_message, client_info=info)
             yield await stack.enter_async_context(client)
 
     async def _session(self) -> None:
@@ -245,6 +287,7 @@ class McpConnection:
         server running), and the scope must enclose the Client's own scopes."""
         self._lost = False
         self._wake.clear()
+        self._stdio = self._listed = None
         connecting = anyio.CancelScope(
             deadline=anyio.current_time() + self.timings.connect_timeout_s)
         try:
@@ -316,6 +359,9 @@ class McpConnection:
             cursor = page.next_cursor
             if cursor is None:
                 break
+        if listed == self._listed:
+            return  # the usual poll: nothing to check again (500 tools took 2 s)
+        self._listed = listed
         unknown = [name for name in unknown_names(self.config, listed)
                    if name not in self._unknown_warned]
         if unknown:
