@@ -53,3 +53,8 @@ class WireModel(BaseModel):
 
 
 NonNegativeInt = Annotated[int, Field(ge=0)]
+MAX_OFFSET = 2**53 - 1
+"""The largest document offset accepted: the largest integer a JavaScript number holds
+exactly (`server.agent.scope.MAX_OFFSET`). Each offset of a scope or a change is
+bounded; their sums are the scope arithmetic's concern."""
+Offset = Annotated[int, Field(ge=0, le=MAX_OFFSET)]

@@ -16,6 +16,7 @@ from protocol.base import (
     JsonObject,
     MessageId,
     NonNegativeInt,
+    Offset,
     ThreadId,
     ToolName,
     WireModel,
@@ -78,9 +79,9 @@ class DocumentContext(WireModel):
 class ScopeRange(WireModel):
     """A part of the document, `[from, to)` in the editor's own offsets (1.1)."""
 
-    from_: NonNegativeInt = Field(alias="from")
+    from_: Offset = Field(alias="from")
     """Start offset."""
-    to: NonNegativeInt
+    to: Offset
     """End offset (exclusive); at least `from`."""
 
     @model_validator(mode="after")
@@ -93,11 +94,11 @@ class ScopeRange(WireModel):
 class TextChange(WireModel):
     """One edit: `[from, to)` of the document before it was replaced by `insert` units (1.1)."""
 
-    from_: NonNegativeInt = Field(alias="from")
+    from_: Offset = Field(alias="from")
     """Start of the replaced range."""
-    to: NonNegativeInt
+    to: Offset
     """End of the replaced range (exclusive); `to == from` for a pure insertion."""
-    insert: NonNegativeInt
+    insert: Offset
     """How many units of new content replaced it (0 for a pure deletion)."""
 
     @model_validator(mode="after")

@@ -4,7 +4,10 @@ One span per run (`cowrite.run`), with a child per model call
 (`cowrite.model_call`), per tool round trip (`cowrite.tool`, from `tool.call`
 to `tool.done`) and per approval wait (`cowrite.approval`). Attributes carry
 run, document, user and call ids, tool names and statuses; never tokens, and
-never prompt text unless `COWRITE_OTEL_CAPTURE_TEXT=1`.
+never prompt text unless `COWRITE_OTEL_CAPTURE_TEXT=1`. An approval span's
+`cowrite.outcome` says how the wait ended: `approve` or `reject` (also in
+`cowrite.decision`), `timeout`, `cancelled` (the run ended while it waited; the
+run span's `cowrite.status` and `cowrite.reason` say how), or `moved`.
 
 Everything is fed from the run driver's committed decisions through one hook
 (`observe(input, decision)`), so tracing sees exactly what the run machine
@@ -200,6 +203,11 @@ class RunTracer:
         if span is not None:
             span[2]["cowrite.status"] = event.status
             self._close(spans, span)
+            return
+        span = spans.approvals.pop(event.call_id, None)  # ended unanswered: `timeout`, or
+        if span is not None:  # `cancelled` by the run's end (the run span says why)
+            span[2]["cowrite.outcome"] = event.status
+            self._close(spans, span)
 
     def _approval_requested(self, spans: _RunSpans, event: ApprovalRequested) -> None:
         spans.approvals[event.call_id] = ("cowrite.approval", time.time_ns(), {
@@ -209,7 +217,7 @@ class RunTracer:
     def _approval_resolved(self, spans: _RunSpans, event: ApprovalResolved) -> None:
         span = spans.approvals.pop(event.call_id, None)
         if span is not None:
-            span[2]["cowrite.decision"] = event.decision
+            span[2]["cowrite.decision"] = span[2]["cowrite.outcome"] = event.decision
             self._close(spans, span)
 
     def _run_finished(self, spans: _RunSpans, event: RunFinished) -> None:
@@ -218,6 +226,8 @@ class RunTracer:
             spans.run[2]["cowrite.reason"] = event.reason
 
     def _end(self, run_id: str, spans: _RunSpans, status: str) -> None:
+        for approval in spans.approvals.values():  # no tool.done for it (the run moved)
+            approval[2].setdefault("cowrite.outcome", status)
         for span in (*spans.tools.values(), *spans.approvals.values(), spans.model):
             if span is not None:
                 self._close(spans, span)

@@ -45,6 +45,7 @@ Record = tuple[str, int, int, dict[str, Any], int, int, int, bool, str | None,
 LIMITS = (("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512), ("OTEL_BSP_MAX_QUEUE_SIZE", 2048),
           ("OTEL_BSP_SCHEDULE_DELAY", 5000))
 CHUNK = 64  # records converted between two chances for the event loop to take the GIL
+SHUTDOWN_WAIT_S = 2.0  # how long shutdown (SIGTERM) waits for the last exports
 
 
 class Converter:
@@ -96,7 +97,8 @@ class Converter:
 class SpanBatcher:
     """Exports records from a thread of its own, 512 at a time and at least every 5 s;
     `add` (the event loop's side) only appends to a deque and, at 512 waiting, wakes
-    the thread. Shut down at exit (what is waiting is exported first)."""
+    the thread. Shut down at exit (what is waiting is exported first, for at most
+    `SHUTDOWN_WAIT_S`)."""
 
     def __init__(self, exporter: SpanExporter, convert: Callable[[Sequence[Record]],
                                                                  list[ReadableSpan]]) -> None:
@@ -107,6 +109,8 @@ class SpanBatcher:
         self._queue: collections.deque[Record] = collections.deque()
         self._wake = threading.Event()
         self._stopping = False
+        self._abandoned = False  # shutdown gave up waiting for the exporter
+        self._exporting = 0  # sampled records of the batch being exported
         self.dropped = 0
         self._thread = threading.Thread(target=self._work, name="cowrite-otel-export",
                                         daemon=True)
@@ -131,15 +135,17 @@ class SpanBatcher:
             self._wake.wait(self._delay_s)
             self._wake.clear()  # before draining: a wake-up during the drain is not lost
             stopping = self._stopping
-            while queue:
+            while queue and not self._abandoned:
                 batch = [queue.popleft() for _ in range(min(self._batch, len(queue)))]
                 sampled = [record for record in batch if record[7]]
+                self._exporting = len(sampled)
                 try:
                     if sampled:
                         self._exporter.export(self._converted(sampled))
                 except Exception:
                     logger.exception("exporting %d spans failed", len(sampled))
-            if stopping:
+                self._exporting = 0
+            if stopping or self._abandoned:
                 return
 
     def _converted(self, records: list[Record]) -> list[ReadableSpan]:
@@ -152,13 +158,23 @@ class SpanBatcher:
             spans += self._convert(records[at:at + CHUNK])
         return spans
 
-    def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Export what is waiting, then shut the exporter down (idempotent)."""
+    def shutdown(self, timeout_s: float = SHUTDOWN_WAIT_S) -> None:
+        """Export what is waiting, for at most `timeout_s`, then shut the exporter down
+        (idempotent). An exporter that has not finished by then (its endpoint down or
+        not answering: the OTLP exporter retries for up to 10 s per batch) is given up
+        on: what it still holds is dropped, counted in one log line, and shutting it
+        down ends its retries; the thread is a daemon, so the process does not wait for
+        a request still in flight. A SIGTERM thus stops cowrite within seconds."""
         if self._stopping:
             return
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            self._abandoned = True  # the thread exports no further batch
+            unsent = self._exporting + sum(1 for record in self._queue.copy() if record[7])
+            logger.warning("tracing: the span exporter did not finish within %g s at "
+                           "shutdown; %d spans were dropped", timeout_s, unsent)
         self._exporter.shutdown()
         atexit.unregister(self.shutdown)
 

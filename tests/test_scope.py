@@ -296,7 +296,9 @@ def test_follow_keeps_the_ranges_text_and_what_the_run_wrote_into_it(
         doc[change.from_:change.to] = new
         if touched:
             ours |= set(new)
-    [result] = follow(scope, changes)
+    followed = follow(scope, changes)
+    assert followed is not None, "far below MAX_OFFSET the scope is always followed"
+    [result] = followed
     assert 0 <= result.from_ <= result.to <= len(doc)
     where = [i for i, token in enumerate(doc) if token in ours]
     if where:
@@ -304,3 +306,73 @@ def test_follow_keeps_the_ranges_text_and_what_the_run_wrote_into_it(
         assert len(where) == where[-1] + 1 - where[0]  # contiguous: nothing foreign inside
     else:
         assert result.from_ == result.to  # all of it deleted: a point where it was
+
+
+# -- offsets near MAX_OFFSET: each offset is bounded, their sums are not ----------------------
+
+
+def test_a_shift_past_max_offset_overlaps_a_persons_edit_and_frees_the_runs_own() -> None:
+    scope = [Range(10, 20)]
+    twice = [Change(0, 0, MAX_OFFSET), Change(0, 0, MAX_OFFSET)]
+    assert apply(scope, twice) is None, "a person's edit: the run cannot follow its scope"
+    assert edit_overlaps(scope, twice)
+    assert follow(scope, twice) is None, "the run's own edit: the whole document"
+    assert follow(scope, [Change(15, 15, MAX_OFFSET)]) is None, "grown past it"
+    # up to MAX_OFFSET itself the scope is followed
+    assert apply(scope, [Change(0, 0, MAX_OFFSET - 20)]) == [Range(MAX_OFFSET - 10, MAX_OFFSET)]
+    assert follow(scope, [Change(15, 15, MAX_OFFSET - 20)]) == [Range(10, MAX_OFFSET)]
+    # a change after the range, or one that shrinks the text, never pushes it out
+    far = [Range(MAX_OFFSET - 1, MAX_OFFSET)]
+    assert apply(far, [Change(MAX_OFFSET, MAX_OFFSET, MAX_OFFSET)]) == far
+    assert apply(far, [Change(0, 5, 0)]) == [Range(MAX_OFFSET - 6, MAX_OFFSET - 5)]
+
+
+def _unbounded_apply(scope: list[Range], changes: list[Change]) -> list[Range] | None:
+    """`apply` as it was: overlap checks and shifts, no bound."""
+    current = list(scope)
+    for change in changes:
+        if any(overlaps(change, range_) for range_ in current):
+            return None
+        current = [shift(range_, change) for range_ in current]
+    return current
+
+
+offsets = st.one_of(st.integers(0, 40), st.integers(MAX_OFFSET - 40, MAX_OFFSET))
+
+
+@st.composite
+def scopes_and_huge_changes(draw: st.DrawFn) -> tuple[list[Range], list[Change]]:
+    """Valid offsets (each at most MAX_OFFSET), small or at the very end of the range."""
+    scope = [Range(*sorted((draw(offsets), draw(offsets))))
+             for _ in range(draw(st.integers(1, 3)))]
+    changes = []
+    for _ in range(draw(st.integers(1, 4))):
+        f, t = sorted((draw(offsets), draw(offsets)))
+        changes.append(Change(f, t, draw(offsets)))
+    return scope, changes
+
+
+@given(scopes_and_huge_changes())
+def test_no_scope_ever_holds_an_offset_past_max_offset(
+    case: tuple[list[Range], list[Change]],
+) -> None:
+    """Whatever valid changes a person or the run makes, the scope either stays inside
+    the bound or is given up (`apply`: an overlap; `follow`: the whole document), and
+    the bound changes no other verdict."""
+    scope, changes = case
+    pushed_out = False  # did some change, before any overlap, move a range past the bound?
+    for done in range(1, len(changes) + 1):
+        moved = _unbounded_apply(scope, changes[:done])
+        if moved is None:
+            break
+        if any(r.to > MAX_OFFSET for r in moved):
+            pushed_out = True
+            break
+    result, unbounded = apply(scope, changes), _unbounded_apply(scope, changes)
+    assert (result is None) == (unbounded is None or pushed_out)
+    if result is not None:
+        assert result == unbounded
+        assert all(0 <= r.from_ <= r.to <= MAX_OFFSET for r in result)
+    followed = follow(scope, changes)
+    if followed is not None:
+        assert all(0 <= r.from_ <= r.to <= MAX_OFFSET for r in followed)

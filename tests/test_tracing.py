@@ -1,6 +1,8 @@
 """OpenTelemetry traces (COWRITE_OTEL=1): a run span whose children are its model
 calls, tool round trips and approval waits, with ids and no tokens or text."""
 
+import logging
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -269,3 +271,85 @@ def test_spans_are_exported_within_otel_bsp_schedule_delay(monkeypatch: pytest.M
         assert [span.name for span in exporter.get_finished_spans()] == ["cowrite.run"]
     finally:
         batcher.shutdown()
+
+
+APPROVE_THEN_SAY = script({"tool_calls": [call("replace_document", text="new")]},
+                          {"say": "Done."})
+
+
+@pytest.mark.parametrize("ending", ["cancelled", "timed_out"])
+async def test_an_approval_wait_the_run_ended_says_how_it_ended(
+        exporter: InMemorySpanExporter, ending: str) -> None:
+    """An approval span closed by the run's end (cancelled, or the approval timed out)
+    said nothing about its outcome: no decision, no status."""
+    overrides: dict[str, Any] = {"approval_timeout_s": 0.2} if ending == "timed_out" else {}
+    async with running_server(otel=True, **overrides) as srv, joined(srv) as (client, _):
+        ack = await start(client, APPROVE_THEN_SAY)
+        await client.recv_until("approval.requested")
+        if ending == "cancelled":
+            await client.send({"type": "run.cancel", "run_id": ack["run_id"]})
+        finished = await client.recv_until("run.finished")
+    assert finished["status"] == ending
+    spans = exporter.get_finished_spans()
+    (approval,) = _named(spans, "cowrite.approval")
+    assert approval.attributes is not None
+    assert approval.attributes["cowrite.outcome"] == (
+        "cancelled" if ending == "cancelled" else "timeout")
+    assert "cowrite.decision" not in approval.attributes
+    (run,) = _named(spans, "cowrite.run")
+    assert run.attributes is not None and run.attributes["cowrite.status"] == ending
+
+
+async def test_an_answered_approval_has_its_decision_as_outcome(
+        exporter: InMemorySpanExporter) -> None:
+    async with running_server(otel=True) as srv, joined(srv) as (client, _):
+        ack = await start(client, APPROVE_THEN_SAY)
+        requested = await client.recv_until("approval.requested")
+        await client.send({"type": "approval", "run_id": ack["run_id"],
+                           "call_id": requested["call_id"], "decision": "reject"})
+        await client.recv_until("run.finished")
+    (approval,) = _named(exporter.get_finished_spans(), "cowrite.approval")
+    assert approval.attributes is not None
+    assert approval.attributes["cowrite.decision"] == approval.attributes["cowrite.outcome"] \
+        == "reject"
+
+
+class _Unreachable(InMemorySpanExporter):
+    """An exporter whose endpoint never answers: export blocks until shutdown ends it
+    (the OTLP exporter's retries, which its shutdown interrupts)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.stopped = threading.Event()
+
+    def export(self, spans: Any) -> Any:
+        self.entered.set()
+        self.stopped.wait(30)
+        return super().export(spans)
+
+    def shutdown(self) -> None:
+        self.stopped.set()
+        super().shutdown()
+
+
+def test_shutdown_gives_up_on_an_exporter_that_does_not_answer(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """With the OTLP endpoint down, shutdown (SIGTERM) waited 10 s for the exporting
+    thread; it waits about two and says, in one line, how many spans it dropped."""
+    exporter = _Unreachable()
+    provider = TracerProvider()
+    batcher = SpanBatcher(exporter, Converter(provider.resource, provider.id_generator))
+    batcher.add([("cowrite.run", 5, 30, {}, 7, 9, 0, True, None, None)] * 600)  # wakes it
+    assert exporter.entered.wait(5)
+    batcher.add([("cowrite.run", 5, 30, {}, 8, 11, 0, True, None, None)] * 3)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="cowrite.tracing"):
+        batcher.shutdown()
+    took = time.monotonic() - started
+    assert 1.5 < took < 4, took
+    lines = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert lines == ["tracing: the span exporter did not finish within 2 s at shutdown; "
+                     "603 spans were dropped"]
+    batcher._thread.join(5)
+    assert not batcher._thread.is_alive(), "no batch is exported after the one in flight"

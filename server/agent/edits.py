@@ -4,9 +4,13 @@
 edit that touches the run's scope does; others move the scope (logged as
 `run.scope`). `continue`: none does. In the last two modes the model's next
 request says what changed since its previous one, so it can re-read the
-document before editing it. The run's own edits (origin `agent`) never end it:
-they move the scope and resize a range they touch (`scope.grow`), logged as
-`run.scope` too.
+document before editing it. An `editor.change` without `changes` touches
+everything (section 11); one with an empty list, or with no-op changes only,
+touches nothing, whether the run has a scope or works on the whole document.
+The run's own edits (origin `agent`) never end it: they move the scope and
+resize a range they touch (`scope.grow`), logged as `run.scope` too; one that
+would push a range past `scope.MAX_OFFSET` makes the scope the whole document
+(no `run.scope`: that event cannot say "the whole document").
 """
 
 from dataclasses import dataclass
@@ -33,9 +37,10 @@ def _apply(scope: tuple[Span, ...], changes: tuple[Edit, ...]) -> tuple[Span, ..
     return None if moved is None else tuple((r.from_, r.to) for r in moved)
 
 
-def _follow(scope: tuple[Span, ...], changes: tuple[Edit, ...]) -> tuple[Span, ...]:
-    return tuple((r.from_, r.to) for r in ranges.follow(
-        [ranges.Range(a, b) for a, b in scope], [ranges.Change(f, t, i) for f, t, i in changes]))
+def _follow(scope: tuple[Span, ...], changes: tuple[Edit, ...]) -> tuple[Span, ...] | None:
+    followed = ranges.follow([ranges.Range(a, b) for a, b in scope],
+                             [ranges.Change(f, t, i) for f, t, i in changes])
+    return None if followed is None else tuple((r.from_, r.to) for r in followed)
 
 
 def judge_edit(state: RunState, user_id: str, origin: str, version: Any, summary: str | None,
@@ -45,19 +50,23 @@ def judge_edit(state: RunState, user_id: str, origin: str, version: Any, summary
     if origin == "agent":  # the run's own edits never end it; they move and resize its scope
         if not changes or not state.scope:
             return EditVerdict(False, state.evolve(document_version=known))
-        followed = _follow(state.scope, changes)
+        followed = _follow(state.scope, changes)  # None: the whole document from now on
         return EditVerdict(False, state.evolve(document_version=known, scope=followed),
-                           followed if followed != state.scope else None)
+                           followed if followed not in (None, state.scope) else None)
     if state.on_edit == "abort":
         return EditVerdict(True, state)
     scope, moved = state.scope, None
     if state.on_edit == "overlap":
-        if changes is None or scope is None:  # no ranges, or the whole document: it overlaps
+        if changes is None:  # no ranges given: section 11 says it overlaps everything
             return EditVerdict(True, state)
-        after = _apply(scope, changes)
-        if after is None:
-            return EditVerdict(True, state)
-        scope = moved = after  # logged even when unmoved: the scope at the new version
+        if scope is None:  # the whole document: any change that changed a unit overlaps it;
+            if any(f != t or i for f, t, i in changes):  # an empty list or no-ops do not
+                return EditVerdict(True, state)  # (scope.edit_overlaps, edits.js agree)
+        else:
+            after = _apply(scope, changes)
+            if after is None:
+                return EditVerdict(True, state)
+            scope = moved = after  # logged even when unmoved: the scope at the new version
     note = edit_note(user_id, version, summary, changes)
     return EditVerdict(False, state.evolve(document_version=known, scope=scope,
                                       edits=(*state.edits, note)), moved)
@@ -86,7 +95,8 @@ def changes_note(edits: tuple[dict[str, Any], ...]) -> str:
     lines = ["While you worked, people edited the document:"]
     for edit in edits:
         where = ("somewhere (no ranges given)" if edit["changes"] is None else
-                 ", ".join(f"[{f}, {t}) replaced by {i} units" for f, t, i in edit["changes"]))
+                 ", ".join(f"[{f}, {t}) replaced by {i} units" for f, t, i in edit["changes"])
+                 or "nothing (an empty list of changes)")
         summary = f": {edit['summary']}" if edit.get("summary") else ""
         lines.append(f"- {edit['user_id']} (document version {edit['document_version']})"
                      f"{summary}; changed {where}")

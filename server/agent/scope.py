@@ -41,7 +41,13 @@ Decisions where the protocol is silent (each one is tested in tests/test_scope.p
   touch (`[0, 5)` and `[5, 9)`) apart: merging them would turn an insertion at 5,
   which is at the edge of both, into one strictly inside `[0, 9)`, i.e. an overlap.
 - No scope (the whole document): every change except a no-op overlaps it, and an
-  `editor.change` without `changes` overlaps every scope (`edit_overlaps`).
+  `editor.change` without `changes` overlaps every scope (`edit_overlaps`). An
+  empty `changes` list says the edit changed nothing: it overlaps no scope, not even
+  the whole document (section 11 makes only a *missing* `changes` overlap everything).
+- Offsets are at most `MAX_OFFSET` (the wire schema refuses more), but a sum of them
+  is not: a change that would move a range past `MAX_OFFSET` is an overlap for a
+  person's edit (`apply`: the run ends `aborted`/`document_changed`) and makes the
+  scope the whole document for the run's own (`follow` returns None).
 """
 
 from collections.abc import Iterable, Sequence
@@ -122,17 +128,30 @@ def shift(range_: Range, change: Change) -> Range:
     return Range(range_.from_ + change.delta, range_.to + change.delta)
 
 
+def _pushed_out(before: Sequence[Range], after: Sequence[Range]) -> bool:
+    """Did a change move a range past `MAX_OFFSET`? (Each offset of a change is at most
+    that, but their sum is not: the shifted scope would hold numbers no JavaScript
+    client reads exactly, and, past 2**64, none the server can even write.)"""
+    return any(new.to > MAX_OFFSET and new.to > old.to
+               for old, new in zip(before, after, strict=True))
+
+
 def apply(scope: Sequence[Range], changes: Iterable[Change]) -> list[Range] | None:
     """The scope after `changes` (in order), or None when one of them overlapped a range.
 
     None is the `overlap` mode's verdict: abort the run (`aborted`/`document_changed`).
-    The ranges keep their order and count; an empty `changes` returns the scope as is.
+    A change that would move a range past `MAX_OFFSET` counts as an overlap: the
+    scope cannot be followed any more. The ranges keep their order and count; an
+    empty `changes` returns the scope as is.
     """
     current = list(scope)
     for change in changes:
         if any(overlaps(change, range_) for range_ in current):
             return None
-        current = [shift(range_, change) for range_ in current]
+        shifted = [shift(range_, change) for range_ in current]
+        if _pushed_out(current, shifted):
+            return None
+        current = shifted
     return current
 
 
@@ -148,12 +167,17 @@ def grow(range_: Range, change: Change) -> Range:
                  max(range_.to, change.to) + change.delta)
 
 
-def follow(scope: Sequence[Range], changes: Iterable[Change]) -> list[Range]:
+def follow(scope: Sequence[Range], changes: Iterable[Change]) -> list[Range] | None:
     """The scope after the run's own `changes` (in order): never an abort (`grow`).
-    Ranges that the edits made share a unit are merged (`normalize_scope`'s rule)."""
+    Ranges that the edits made share a unit are merged (`normalize_scope`'s rule).
+    None, the whole document, once a change would move or grow a range past
+    `MAX_OFFSET`: the run's own edit never ends it, and no range can follow it."""
     current = list(scope)
     for change in changes:
-        current = [grow(range_, change) for range_ in current]
+        grown = [grow(range_, change) for range_ in current]
+        if _pushed_out(current, grown):
+            return None
+        current = grown
     return _merged(current)
 
 
