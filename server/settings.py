@@ -137,7 +137,7 @@ class Settings(BaseSettings):
         "Use the tools to read and edit the document; keep edits minimal and explain them briefly."
     )
     # bounded: a run's checkpoint holds it, and one beyond 64 bits could not be encoded
-    max_steps: Annotated[int, Field(ge=1, le=10_000)] = 20
+    max_steps: Annotated[int, Field(ge=1, le=1_000_000)] = 20
     tool_timeout_s: Seconds = 60.0
     approval_timeout_s: Seconds = 300.0
     run_timeout_s: Seconds = 600.0

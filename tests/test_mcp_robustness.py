@@ -301,7 +301,7 @@ async def test_a_draft_07_schema_is_read_as_draft_07() -> None:
 
 @pytest.mark.parametrize(("toml", "problem"), [
     ('[[workflows]]\nname = "w"\nmax_steps = 18446744073709551616\n',
-     "workflows[0].max_steps: Input should be less than or equal to 10000"),
+     "workflows[0].max_steps: Input should be less than or equal to 1000000"),
     ('[[tools]]\nimport = "a:b"\ntimeout_s = inf\n',
      "tools[0].timeout_s: Input should be a finite number"),
     ('[[mcp]]\nname = "m"\ncommand = ["m"]\ntimeout_s = 1e300\n',

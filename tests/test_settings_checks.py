@@ -100,7 +100,7 @@ def test_out_of_range_settings_stop_the_start_one_line_each() -> None:
     ("COWRITE_RUN_LEASE_S", "0", "greater than 0"),
     ("COWRITE_CLIENT_GRACE_S", "-1", "greater than or equal to 0"),
     ("COWRITE_MAX_STEPS", "0", "greater than or equal to 1"),
-    ("COWRITE_MAX_STEPS", "100000000000000000000", "less than or equal to 10000"),
+    ("COWRITE_MAX_STEPS", "100000000000000000000", "less than or equal to 1000000"),
     ("COWRITE_LOG_MAX_EVENTS", "0", "greater than or equal to 1"),
     ("COWRITE_MAX_CONNECTIONS_PER_USER", "-1", "greater than or equal to 0"),
     ("COWRITE_MAX_INVALID_MESSAGES", "-1", "greater than or equal to 0"),

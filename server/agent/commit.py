@@ -10,10 +10,15 @@ tried once and its sender answered on failure; any other is committed already
 and retried through an outage (`publishing.py`). The run's end is written with
 its final checkpoint (a survivor then knows it ended) and retried under one
 write id while this instance holds the lease, so an outage neither loses it
-nor logs it twice. Kept apart from driver.py, which holds the order of effects.
+nor logs it twice. A failure that ends the run here (`Crashed`, `LeaseLost`)
+is applied only once the lease's lock is free (`Then`): applying it wrote the end
+under the same lock, which is not re-entrant, and the run hung for ever (no
+`run.finished`, the document busy, a shutdown waiting on it). Kept apart from
+driver.py, which holds the order of effects.
 """
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from protocol.codes import ErrorCode
@@ -34,6 +39,17 @@ logger = logging.getLogger("cowrite.agent")
 # leases (`_end_through_outage`). Nobody else can take the run while Redis is away, so
 # this bounds only how long a driver (and a shutdown waiting for it) waits for Redis.
 ENDING_RETRY_LEASES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Then:
+    """What a failed commit ends the run with, applied by `_log_decision` once the
+    lease's lock is released (applying it writes again, under that lock)."""
+
+    event: Crashed | LeaseLost
+
+
+Outcome = bool | None | Then
 
 
 class CommitMixin:
@@ -59,8 +75,20 @@ class CommitMixin:
     async def _apply(self, event: Input, peer: Peer | None, sent: Any = None) -> bool:
         raise NotImplementedError
 
+    async def _log_decision(self, publish: Publish, decision: Decision, peer: Peer | None,
+                            fence: bool) -> bool | None:
+        """The decision's `Publish`: None once logged, else what `_execute` returns. A
+        failure that ends the run is applied here, with no lock held (`Then`)."""
+        outcome = await (self._commit(publish, decision, peer,
+                                      self.lease.decision_write(decision.state))
+                         if fence else self._publish(publish, decision, peer, None))
+        if isinstance(outcome, Then):
+            ended = await self._apply(outcome.event, None)  # the run's end is logged (Crashed)
+            return ended and not isinstance(outcome.event, LeaseLost)  # or not ours (False)
+        return outcome
+
     async def _commit(self, publish: Publish, decision: Decision, peer: Peer | None,
-                      write: DecisionWrite | None) -> bool | None:
+                      write: DecisionWrite | None) -> Outcome:
         """Log the decision's events with its checkpoint; None once they are, else what
         `_execute` returns (the decision did not happen here). Whatever path it takes,
         it is one write (`write_id`): after Redis lost the run, its events alone are
@@ -78,13 +106,13 @@ class CommitMixin:
                 # Redis lost the run, which `announce` claims again; then the events.
                 self.lease.announcing = None
                 if write is None or not await self.lease.announce(decision.state):
-                    await self._apply(LeaseLost(), None)
-                    return False
+                    return Then(LeaseLost())
                 write = None
 
     async def _publish(self, publish: Publish, decision: Decision, peer: Peer | None,
-                       write: DecisionWrite | None, write_id: str = "") -> bool | None:
-        """`write_id`: the decision's write whose checkpoint was refused (`_commit`)."""
+                       write: DecisionWrite | None, write_id: str = "") -> Outcome:
+        """`write_id`: the decision's write whose checkpoint was refused (`_commit`).
+        May run under the lease's lock: what ends the run is returned (`Then`)."""
         if decision.refusable:
             with same_write(write_id):
                 problem = await try_publish(self.log, publish.events, self.log_extra, write)
@@ -105,7 +133,7 @@ class CommitMixin:
         except PublishFailed as failed:
             self.lease.announcing = None
             if not decision.state.finished:
-                return await self._apply(Crashed(failed.ref), None)
+                return Then(Crashed(failed.ref))
             if isinstance(failed.cause, BackendUnavailable) and self.env.registry.remote:
                 return await self._end_through_outage(publish, decision, peer, write, write_id)
             logger.error("the run's end could not be logged (%s)", failed.why,
@@ -115,7 +143,7 @@ class CommitMixin:
 
     async def _end_through_outage(self, publish: Publish, decision: Decision,
                                   peer: Peer | None, write: DecisionWrite | None,
-                                  write_id: str) -> bool | None:
+                                  write_id: str) -> Outcome:
         """The run's end was not logged within half a lease: Redis is away. Its sender (a
         `run.cancel`'s) is told `unavailable` now, and the end is tried again with its
         checkpoint under the same write id (logged once however many attempts reach
@@ -123,11 +151,12 @@ class CommitMixin:
         step), for up to `ENDING_RETRY_LEASES` leases. None once logged: the decision's
         other effects follow (its `Release`; no second answer). `LeaseNotHeld` when
         another instance took the run over meanwhile (`_commit`: it goes on there).
-        False after that time: the run is let go here unfreed, and whoever takes it over
-        goes on from its checkpoint (the client was told to retry), or frees it if the
-        end did reach Redis. It used to be given up after half a lease, its sender not
-        answered, and this instance's own janitor took the run "over", lacking the
-        end: a `run.cancel` was lost and the run waited on its call again. After Redis
+        `Then(LeaseLost())` after that time (applied once the lease's lock is free): the
+        run is let go here unfreed, and whoever takes it over goes on from its
+        checkpoint (the client was told to retry), or frees it if the end did reach
+        Redis. It used to be given up after half a lease, its sender not answered, and
+        this instance's own janitor took the run "over", lacking the end: a
+        `run.cancel` was lost and the run waited on its call again. After Redis
         lost the run (no `write` in hand) the end's events went as a plain group, then
         here under another write id: an append whose reply was lost logged them twice.
         The write here is the decision's first (`write_id`, whose ids the group used)."""
@@ -154,8 +183,7 @@ class CommitMixin:
             logger.error("the run's end could not be logged (%s); its lease lapses and "
                          "whoever takes the run over goes on", failed.why,
                          extra=self.log_extra)
-            await self._apply(LeaseLost(), None)
-            return False
+            return Then(LeaseLost())
         finally:
             self.ending_unlogged = False
 

@@ -133,8 +133,8 @@ class RunDriver(CommitMixin):
                 if not accepted:
                     self._released = True  # nothing was logged: the coordinator frees the claim
                     return
-                if self.env.registry.remote:
-                    self._renewal = self._spawn(self._renew())
+                if self.env.registry.remote and not self.state.finished:  # (a takeover
+                    self._renewal = self._spawn(self._renew())  # can end at once: `Crashed`)
                 while not self.state.finished:
                     if (envelope := await self._inbox.take()) is not None:
                         await self._apply(envelope.event, envelope.peer, envelope)
@@ -198,7 +198,11 @@ class RunDriver(CommitMixin):
             else:
                 decision = self.env.machine.decide(self.state, Crashed(ref))
         committed = decision is not None and await self._execute(decision, peer)
-        if committed and decision is not None and tracing.active is not None:
+        # Traced only while it is the run's current decision: one whose publish failed
+        # ended the run meanwhile (`Crashed`, traced then), and tracing it after that
+        # opened spans (a `Resume`'s run span) for a run that had ended, never closed.
+        if committed and decision is not None and tracing.active is not None and \
+                self.state is decision.state:
             tracing.active.observe(event, decision)
         if self._model_due is not None:
             self._start_model_eagerly(self._model_due)
@@ -241,9 +245,7 @@ class RunDriver(CommitMixin):
         if slot >= 0:
             publish = effects[slot]
             assert isinstance(publish, Publish)
-            done = await (self._commit(publish, decision, peer,
-                                       self.lease.decision_write(decision.state))
-                          if fence else self._publish(publish, decision, peer, None))
+            done = await self._log_decision(publish, decision, peer, fence)
             if done is not None:
                 return done
             if peer is not None and self.answered is peer:  # told `unavailable` while

@@ -26,7 +26,7 @@ IMPORT_STRING = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
 # workflow's `max_steps`: a run's step count is checkpointed as a 64-bit integer, and
 # a value beyond that started a run whose every checkpoint was skipped.
 TimeoutSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
-MAX_STEPS = 10_000
+MAX_STEPS = 1_000_000
 
 
 class ConfigError(Exception):

@@ -1,0 +1,209 @@
+"""A Redis outage longer than half a lease while a run's decision is being written,
+with real redis-server (taken away by a proxy at the decision's own write) and real
+server processes.
+
+The write holds the lease's lock (one write of the lease at a time); when it failed,
+the run was ended (`Crashed`) still inside that lock, and ending it writes again under
+the same lock, which is not re-entrant: the run hung for ever. No `run.finished`,
+the document stayed busy, and SIGTERM never stopped the server (its shutdown waits
+for the run). The same on a takeover whose `run.resumed` met the outage, which
+besides opened the run's trace spans after the run had ended (never closed)."""
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+import redis.asyncio as aioredis
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from bench.common import Proc, server_process
+from server import tracing
+from tests.cluster_support import FAST_LEASE, ended, instance, join, killed, start_run
+from tests.harness import SECRET, Client, joined, running_server
+from tests.redis_support import redis_process
+from tests.runs import call, of_run, script
+from tests.test_outage_gaps import OutageProxy
+
+pytestmark = pytest.mark.redis
+TOOL_CALL = b'"type":"tool.call"'
+RESUMED = b'"type":"run.resumed"'
+# Lease 2 s: the decision's write is retried for 1 s, the run's end for 1 s more, then
+# through the outage (3 s in all) for up to 3 leases: Redis is back before that.
+
+STEPS_CAP = {"COWRITE_MAX_STEPS": "100"}
+ENV = {"COWRITE_RUN_LEASE_S": "2", "COWRITE_TOOL_TIMEOUT_S": "60",
+       "COWRITE_CLIENT_GRACE_S": "60", **STEPS_CAP}
+OUTAGE_S = 3.0
+ENDED_WITHIN_S = 20.0  # the outage and the retries (7 s at most) on a loaded machine
+STOPPED_WITHIN_S = 20.0
+STEPS = script({"say": "Reading the document first. ", "tool_calls": [call("read_document")]},
+               {"say": "done"}, delay_ms=20)
+
+
+def reply_to(message_id: str) -> Any:
+    return lambda e: e.get("reply_to") == message_id
+
+
+async def finished_within(client: Client, run_id: str, timeout: float = ENDED_WITHIN_S
+                          ) -> dict[str, Any]:
+    try:
+        async with asyncio.timeout(timeout):
+            return await client.recv_until(ended(run_id), timeout=timeout)
+    except TimeoutError:
+        pytest.fail(f"no run.finished within {timeout} s of the outage (the run hangs); "
+                    f"got {[e.get('type') for e in client.events]}")
+
+
+async def start_when_free(client: Client, timeout: float = 10) -> dict[str, Any]:
+    """Another `run.start` on the document, sent again while it is busy; its ack."""
+    loop = asyncio.get_running_loop()
+    deadline, attempt = loop.time() + timeout, 0
+    while True:
+        attempt += 1
+        await client.send({"type": "run.start", "id": f"n{attempt}", "run_id": f"n-{attempt}",
+                           "prompt": script({"say": "mine"}), "tools": []})
+        reply = await client.recv_until(reply_to(f"n{attempt}"))
+        if reply["type"] == "ack" or loop.time() > deadline:
+            assert reply["type"] == "ack", f"the document stayed busy: {reply}"
+            return reply
+        assert reply["code"] in ("document_busy", "unavailable"), reply
+        await asyncio.sleep(0.5)
+
+
+async def stopped_by_sigterm(proc: Proc) -> float:
+    """SIGTERM; how long the server took to exit (it must, well within the bound)."""
+    began = time.monotonic()
+    proc.process.terminate()
+    try:
+        async with asyncio.timeout(STOPPED_WITHIN_S):
+            await proc.process.wait()
+    except TimeoutError:
+        pytest.fail(f"SIGTERM did not stop the server within {STOPPED_WITHIN_S} s")
+    return time.monotonic() - began
+
+
+async def logged(port: int, document_id: str = "doc-1") -> list[dict[str, Any]]:
+    async with aioredis.Redis(port=port, decode_responses=True) as admin:
+        entries: Any = await admin.xrange(f"cw:{{{document_id}}}:log")
+        return [orjson.loads(fields["f"]) for _id, fields in entries]
+
+
+async def busy(port: int, document_id: str = "doc-1") -> bool:
+    async with aioredis.Redis(port=port) as admin:
+        return bool(await admin.exists(f"cw:{{{document_id}}}:active"))
+
+
+async def test_a_decision_written_through_a_long_outage_ends_the_run_and_frees_it() -> None:
+    """The model asks for a tool as Redis goes away for longer than half a lease: the
+    run ends `failed` (its `tool.call` could not be logged) once Redis is back, the
+    document takes a new run, and SIGTERM stops the server at once."""
+    async with redis_process() as redis, \
+            OutageProxy(redis.port, TOOL_CALL, outage_s=OUTAGE_S, forward=False) as proxy, \
+            server_process("cowrite", COWRITE_REDIS_URL=proxy.url, COWRITE_JWT_SECRET=SECRET,
+                           **ENV) as owner:
+        async with join(owner) as (alice, _):
+            proxy.armed = True
+            await start_run(alice, STEPS, "o-1")
+            await asyncio.wait_for(proxy.fired.wait(), 10)
+            finished = await finished_within(alice, "o-1")
+            assert (finished["status"], finished["reason"]) == ("failed", "internal_error")
+            assert "Redis" not in orjson.dumps(finished).decode()  # no exception text
+            assert not of_run(alice.events, "o-1", "tool.call")  # never announced
+            async with join(owner, sub="bob", client_id="other") as (bob, _):
+                ack = await start_when_free(bob)
+                done = await bob.recv_until(ended(ack["run_id"]), timeout=10)
+                assert done["status"] == "completed", done
+        took = await stopped_by_sigterm(owner)
+        assert took < 5, took
+        entries = await logged(redis.port)
+    assert [e["status"] for e in entries
+            if e.get("type") == "run.finished" and e.get("run_id") == "o-1"] == ["failed"]
+
+
+async def test_sigterm_during_the_outage_stops_the_server_once_redis_is_back() -> None:
+    """SIGTERM while the run's decision waits out the outage: the server ends the run,
+    logs its end once Redis is back, frees the document and exits (it used to ignore
+    SIGTERM for ever: only kill -9 stopped it)."""
+    async with redis_process() as redis, \
+            OutageProxy(redis.port, TOOL_CALL, outage_s=OUTAGE_S, forward=False) as proxy, \
+            server_process("cowrite", COWRITE_REDIS_URL=proxy.url, COWRITE_JWT_SECRET=SECRET,
+                           **ENV) as owner:
+        async with join(owner) as (alice, _):
+            proxy.armed = True
+            await start_run(alice, STEPS, "o-2")
+            await asyncio.wait_for(proxy.fired.wait(), 10)
+            await asyncio.sleep(1.5)  # the decision failed (half a lease); its end waits
+            assert proxy.down
+            took = await stopped_by_sigterm(owner)
+        assert took < OUTAGE_S + 2 * 2 + 5, took  # Redis back, a lease at most, slack
+        entries = await logged(redis.port)
+        assert [(e["status"], e["reason"]) for e in entries
+                if e.get("type") == "run.finished" and e.get("run_id") == "o-2"] == \
+            [("failed", "internal_error")]
+        assert not await busy(redis.port), "the document stayed busy"
+
+
+@pytest.fixture
+def exporter() -> Iterator[InMemorySpanExporter]:
+    spans = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "cowrite-test"}))
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    tracing.use_provider(provider)
+    try:
+        yield spans
+    finally:
+        tracing.use_provider(None)
+        tracing.active = None
+
+
+def open_runs() -> set[str]:
+    """The runs whose spans the tracer holds open (never exported until they end)."""
+    assert tracing.active is not None
+    return set(tracing.active._runs)
+
+
+async def test_a_takeover_whose_resume_meets_the_outage_ends_the_run_untraced(
+        exporter: InMemorySpanExporter) -> None:
+    """The owner dies with a call pending; the survivor takes the run over, and Redis
+    goes away as it logs `run.resumed`, for longer than half a lease: the run ends
+    `failed` once Redis is back (it hung), the document is free, and the survivor's
+    tracer holds no span open for the ended run (its `Resume` was traced after the end,
+    opening spans nothing closed)."""
+    async with redis_process() as redis, \
+            OutageProxy(redis.port, RESUMED, outage_s=2.0, forward=False) as proxy, \
+            running_server(redis_url=proxy.url, run_lease_s=1.0, otel=True,
+                           tool_timeout_s=60, client_grace_s=60) as survivor:
+        async with instance(redis, {**FAST_LEASE, **STEPS_CAP}) as owner, \
+                joined(survivor, sub="bob", client_id="b") as (bob, _):
+            async with join(owner, client_id="a") as (alice, _):
+                proxy.armed = True
+                await start_run(alice, script({"tool_calls": [call("read_document")]},
+                                              {"say": "x"}), "t-1")
+                await alice.recv_until("tool.call")
+                await killed(owner)
+            await asyncio.wait_for(proxy.fired.wait(), 15)  # taken over: its resume
+            finished = await finished_within(bob, "t-1")
+            assert (finished["status"], finished["reason"]) == ("failed", "internal_error")
+            ack = await start_when_free(bob)
+            await bob.recv_until(ended(ack["run_id"]), timeout=10)
+            runs = await run_spans(exporter, ack["run_id"])  # t-1's driver is long done
+            assert "t-1" not in open_runs()
+    assert [s.attributes and s.attributes["cowrite.run_id"] for s in runs] == [ack["run_id"]]
+
+
+async def run_spans(exporter: InMemorySpanExporter, last_run_id: str
+                    ) -> list[ReadableSpan]:
+    """The exported run spans, once the one of `last_run_id` is (it ends after its
+    `run.finished` is logged)."""
+    for _ in range(200):
+        runs = [s for s in exporter.get_finished_spans() if s.name == "cowrite.run"]
+        if any(s.attributes and s.attributes["cowrite.run_id"] == last_run_id for s in runs):
+            return runs
+        await asyncio.sleep(0.05)
+    pytest.fail(f"the span of run {last_run_id} was not exported")
