@@ -7,7 +7,6 @@ dispatched: unknown tools and arguments that fail the tool's JSON Schema
 become tool errors for the model, never a `tool.call` to a client.
 """
 
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -20,7 +19,7 @@ from protocol.jsonlimits import nesting_over
 from protocol.parsing import DEFAULT_MAX_JSON_DEPTH
 from server.ports import ServerTools
 from server.records import quick_init
-from server.tools.schemas import ArgumentCheck, argument_check, validator_class
+from server.tools.schemas import ArgumentCheck, SchemaVerdicts, argument_check, validator_class
 
 SCHEMA_CHECKS_CACHED = 512
 VERDICTS_KEPT = 64  # per run
@@ -30,11 +29,9 @@ _UNKNOWN: Any = object()
 # them five levels down (body, messages, message, parts, part); the depth limit of
 # every incoming frame applies to the whole answer.
 ARGUMENTS_CARRIER_DEPTH = 8
-# canonical schema JSON -> why it is not a valid object schema (None: it is).
-# Editors declare the same few tools on every run.start, and the metaschema
-# check costs ~0.2 ms per tool (the largest share of admitting a run), so its
-# verdict is kept per distinct schema.
-_schema_verdicts: OrderedDict[bytes, str | None] = OrderedDict()
+# Why a schema is not a valid object schema (None: it is), per distinct schema:
+# the metaschema check costs ~0.2 ms per tool (the largest share of admitting a run).
+_schema_verdicts = SchemaVerdicts(lambda schema: _judge_schema(schema), SCHEMA_CHECKS_CACHED)
 
 
 def check_tool_schemas(tools: list[ToolSpec]) -> str | None:
@@ -47,17 +44,7 @@ def check_tool_schemas(tools: list[ToolSpec]) -> str | None:
 
 
 def _schema_problem(parameters: dict[str, Any]) -> str | None:
-    try:
-        key = orjson.dumps(parameters, option=orjson.OPT_SORT_KEYS)
-    except (TypeError, ValueError):  # too deep for orjson: judged without the cache
-        return _judge_schema(parameters)
-    if key in _schema_verdicts:
-        _schema_verdicts.move_to_end(key)
-        return _schema_verdicts[key]
-    verdict = _schema_verdicts[key] = _judge_schema(parameters)
-    if len(_schema_verdicts) > SCHEMA_CHECKS_CACHED:
-        _schema_verdicts.popitem(last=False)
-    return verdict
+    return _schema_verdicts(parameters)
 
 
 def _judge_schema(parameters: dict[str, Any]) -> str | None:

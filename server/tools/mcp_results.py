@@ -15,21 +15,19 @@ resources, replaced by its size, since a model cannot use the bytes as text.
 """
 
 import re
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
 import mcp.types as mcp_types
-import orjson
 
 from server.tools.config import TOOL_NAME_RE, McpServerConfig
 from server.tools.context import ToolError
-from server.tools.schemas import validator_class
+from server.tools.schemas import SchemaVerdicts, validator_class
 
 _INVALID = re.compile(r"[^A-Za-z0-9_-]")
 VERDICTS_CACHED = 4096  # distinct schemas; canonical JSON -> the problem (None: usable)
-_verdicts: OrderedDict[bytes, str | None] = OrderedDict()
+_verdicts = SchemaVerdicts(lambda schema: _judge_schema(schema), VERDICTS_CACHED)
 
 
 def cowrite_name(server: str, tool: str, rename: dict[str, str]) -> str | None:
@@ -80,19 +78,8 @@ def _judge_schema(schema: dict[str, Any]) -> str | None:
 
 def _schema_problem(schema: dict[str, Any]) -> str | None:
     """The verdict on one schema, kept per distinct schema: a server's listing is
-    checked on every change, and the metaschema check of 500 tools held the event
-    loop 2 s."""
-    try:
-        key = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
-    except (TypeError, ValueError):  # too deep for orjson: judged without the cache
-        return _judge_schema(schema)
-    if key in _verdicts:
-        _verdicts.move_to_end(key)
-        return _verdicts[key]
-    verdict = _verdicts[key] = _judge_schema(schema)
-    if len(_verdicts) > VERDICTS_CACHED:
-        _verdicts.popitem(last=False)
-    return verdict
+    checked on every change."""
+    return _verdicts(schema)
 
 
 @dataclass(frozen=True)

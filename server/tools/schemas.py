@@ -12,17 +12,44 @@ read as the draft its `$schema` names (2020-12 when it names none or one
 jsonschema does not know).
 """
 
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import jsonschema
 import jsonschema.validators
+import orjson
 import referencing
 from jsonschema.protocols import Validator
 from referencing.exceptions import Unresolvable
 
 NO_FETCHING: referencing.Registry[Any] = referencing.Registry()
 ArgumentCheck = Callable[[dict[str, Any]], str | None]
+
+
+class SchemaVerdicts:
+    """What `judge` said of each distinct schema (canonical JSON), the newest `size`
+    kept: editors declare the same few tools on every run.start and an MCP server
+    lists the same tools at every poll, and the metaschema check costs milliseconds
+    per schema (500 tools held the event loop 2 s)."""
+
+    def __init__(self, judge: Callable[[dict[str, Any]], str | None], size: int) -> None:
+        self._judge = judge
+        self._size = size
+        self._verdicts: OrderedDict[bytes, str | None] = OrderedDict()
+
+    def __call__(self, schema: dict[str, Any]) -> str | None:
+        try:
+            key = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+        except (TypeError, ValueError):  # too deep for orjson: judged without the cache
+            return self._judge(schema)
+        if key in self._verdicts:
+            self._verdicts.move_to_end(key)
+            return self._verdicts[key]
+        verdict = self._verdicts[key] = self._judge(schema)
+        if len(self._verdicts) > self._size:
+            self._verdicts.popitem(last=False)
+        return verdict
 
 
 def validator_class(schema: dict[str, Any]) -> type[Validator]:
