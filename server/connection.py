@@ -17,7 +17,7 @@ from server.outbound import CloseRequest, Outbound
 
 class Peer(Protocol):
     """Whoever sent a message about a run: a local `Connection`, or a
-    connection on another instance (`server.agent.remote.RemotePeer`)."""
+    connection on another instance (`server.agent.remote_peer.RemotePeer`)."""
 
     session_id: str
     document_id: str

@@ -121,8 +121,10 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
             driver.feed(ExecutorPresence(self.local.has_client(state.user_id, state.client_id)))
 
     async def on_edit(self, peer: Peer, message: EditorChange) -> None:
-        """An `editor.change`: the run decides (section 11); a user's edit of a run owned
-        by another instance goes to its owner."""
+        """An `editor.change`: the run decides (section 11); an edit of a run owned by
+        another instance goes to its owner, in order (`RunRouter.post_to_run_owner`),
+        the run's own too (origin `agent`: its executor may be connected here, not
+        there; dropped, they left its scope behind the text it wrote)."""
         driver = self.active
         if driver is not None and not driver.state.finished and not driver.ending_unlogged:
             started = time.perf_counter()
@@ -135,8 +137,6 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
                     self.env.metrics.abort_latency.observe(time.perf_counter() - started)
                 return
             await driver.done.wait()  # it ended, or moved to another instance: ask there
-        if message.origin != "user":
-            return
         record = await self._record_elsewhere()
         if record is not None:
             run_id = str(record["run_id"])

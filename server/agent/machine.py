@@ -27,14 +27,13 @@ from protocol.server import (
     MessageDone,
     RunError,
     RunFinished,
-    RunScopeChanged,
     RunStarted,
     RunStatus,
-    ScopeSpan,
     ToolCall,
     ToolDone,
 )
 from server.agent import history, json_format
+from server.agent.checkpoint_edits import survived_edit
 from server.agent.edits import STALE, changes_note, judge_edit, later_version
 from server.agent.grown import grown, with_added
 from server.agent.resume import resume_run
@@ -288,12 +287,7 @@ class RunMachine:
                              event.changes)
         if verdict.abort:
             return self._finish(state, out, Ending("aborted", "document_changed"))
-        if verdict.moved is not None:
-            out.publish(RunScopeChanged(
-                run_id=state.run_id, scope=[ScopeSpan(**{"from": a, "to": b})
-                                            for a, b in verdict.moved],
-                document_version=event.version, user_id=event.user_id))
-        return verdict.state
+        return survived_edit(state, verdict, event, out, self.config.checkpoint_steps)
 
     def _server_finished(self, state: RunState, event: ServerToolFinished, out: EffectList
                          ) -> RunState:

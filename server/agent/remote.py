@@ -21,23 +21,23 @@ claimed once, by whoever acts on it). A draining instance takes over nothing.
 """
 
 import asyncio
+import collections
 import contextlib
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 from protocol.base import WireModel
 from protocol.client import EditorChange
 from protocol.codes import ErrorCode
 from protocol.parsing import ParseFailure, validate_message
-from protocol.server import Ack
 from server.agent.machine import RunMachine
+from server.agent.remote_peer import RemotePeer
 from server.agent.run_state import orphan_state
 from server.agent.steps import End, Publish, Release
 from server.agent.takeover import let_go_if_ended
 from server.agent.work import now_ms
 from server.backends.base import Backend, BackendUnavailable, cancel_requested
-from server.connection import Peer, error_event
+from server.connection import Peer
 from server.observability import Metrics
 from server.session_hub import SessionHub
 
@@ -50,37 +50,7 @@ TAKEOVER_SLACK_S = 2.0  # a lapsed lease is taken over within a janitor tick of 
 DELIVERY_WAIT_LEASES, DELIVERY_WAIT_SLACK_S = 3, 10.0
 TAKEOVER_POLL_S = 0.05
 STOP_WAIT_S = 2.0
-
-
-@dataclass(eq=False)
-class RemotePeer:
-    """A connection on another instance, answered through that instance's inbox."""
-
-    router: "RunRouter"
-    origin: str
-    session_id: str
-    document_id: str
-    client_id: str
-    remote_user_id: str
-
-    @property
-    def user_id(self) -> str:
-        return self.remote_user_id
-
-    def reply(self, message: WireModel) -> None:
-        wire = message.to_wire()
-        self.router.post(self.origin, {
-            "kind": "reply", "connection": self.session_id, "document_id": self.document_id,
-            "type": wire["type"], "frame": message.to_json().decode()})
-
-    def error(self, code: ErrorCode, message: str, *, reply_to: str | None = None,
-              run_id: str | None = None, details: Any = None,
-              retry_after_ms: int | None = None) -> None:
-        self.reply(error_event(code, message, reply_to=reply_to, run_id=run_id, details=details,
-                               retry_after_ms=retry_after_ms))
-
-    def ack(self, reply_to: str | None, **fields: Any) -> None:
-        self.reply(Ack(reply_to=reply_to, **fields))
+_Queued = tuple[str, dict[str, Any], Peer | None]  # run id, message, who waits for an answer
 
 
 def _answers_a_call(message: dict[str, Any]) -> bool:
@@ -112,6 +82,8 @@ class RunRouter:
         self._tasks: list[asyncio.Task[None]] = []
         self._posts: set[asyncio.Task[None]] = set()
         self._deliveries: set[asyncio.Task[None]] = set()
+        # per document, the messages on their way to its run's owner, in order (`_queue`)
+        self._lanes: dict[str, collections.deque[_Queued]] = {}
 
     async def start(self) -> None:
         with contextlib.suppress(BackendUnavailable):  # alive before the first janitor tick
@@ -157,16 +129,21 @@ class RunRouter:
         """Bring `message` to the instance that holds the lease of the active run
         `run_id` (this one does not run it): at once, or, while the run changes hands
         (a handoff, or this instance let it go), once the next holder has it, in the
-        background. False, with nothing sent, when the run is not active."""
+        background. False, with nothing sent, when the run is not active. Sent after
+        the messages about the document this instance is still forwarding (an edit from
+        the same connection just before: the run must see it before this answer)."""
+        if document_id in self._lanes:
+            record = await self.backend.active_run(document_id)
+            if record is None or record.get("run_id") != run_id:
+                return False
+            self._queue(document_id, run_id, message, peer)
+            return True
         sent = await self.backend.send_to_run_owner(document_id, run_id, message,
                                                     not_to=self.me)
         if sent is None:
             return False
-        if not sent:
-            task = asyncio.get_running_loop().create_task(
-                self._after_takeover(document_id, run_id, message, peer))
-            self._deliveries.add(task)
-            task.add_done_callback(self._deliveries.discard)
+        if not sent:  # what is sent next about the document waits for this one
+            self._queue(document_id, run_id, message, peer)
         return True
 
     async def _after_takeover(self, document_id: str, run_id: str, message: dict[str, Any],
@@ -197,16 +174,51 @@ class RunRouter:
 
     def post_to_run_owner(self, document_id: str, run_id: str, message: dict[str, Any]
                           ) -> None:
-        """`to_run_owner` without waiting (an edit: nobody to answer)."""
-        task = asyncio.get_running_loop().create_task(self._to_run_owner_quietly(
-            document_id, run_id, message))
-        self._posts.add(task)
-        task.add_done_callback(self._posts.discard)
+        """`to_run_owner` without waiting (an edit: nobody to answer), after whatever this
+        instance forwarded about the document before (`_queue`)."""
+        self._queue(document_id, run_id, message, None)
 
-    async def _to_run_owner_quietly(self, document_id: str, run_id: str,
-                                    message: dict[str, Any]) -> None:
-        with contextlib.suppress(BackendUnavailable):
-            await self.to_run_owner(document_id, run_id, message)
+    def _queue(self, document_id: str, run_id: str, message: dict[str, Any],
+               peer: Peer | None) -> None:
+        """Send `message` after the document's messages still on their way, in order. A
+        change list is in the coordinates the previous edit left: sent by one task each,
+        edits raced on the Redis pool and reached the owner out of order, which judged
+        an edit nowhere near the run's scope as touching it and aborted the run."""
+        lane = self._lanes.get(document_id)
+        if lane is None:
+            lane = self._lanes[document_id] = collections.deque()
+            task = asyncio.get_running_loop().create_task(self._send_lane(document_id, lane))
+            self._deliveries.add(task)  # `stop` waits for them as for any delivery
+            task.add_done_callback(self._deliveries.discard)
+        lane.append((run_id, message, peer))
+
+    async def _send_lane(self, document_id: str, lane: collections.deque[_Queued]) -> None:
+        """One task per document with messages queued: each is sent once the one before it
+        is (through a takeover too: then the next owner gets them, in order)."""
+        try:
+            while lane:
+                try:
+                    await self._send_queued(document_id, *lane[0])
+                except Exception:
+                    logger.exception("forwarding a message to a run's owner failed",
+                                     extra={"document_id": document_id})
+                lane.popleft()
+        finally:  # no wait since the last `while lane`: nothing was queued in between
+            if self._lanes.get(document_id) is lane:
+                del self._lanes[document_id]
+
+    async def _send_queued(self, document_id: str, run_id: str, message: dict[str, Any],
+                           peer: Peer | None) -> None:
+        try:
+            sent = await self.backend.send_to_run_owner(document_id, run_id, message,
+                                                        not_to=self.me)
+        except BackendUnavailable:
+            sent = ""  # tried again for as long as a takeover is waited for
+        if sent == "":
+            await self._after_takeover(document_id, run_id, message, peer)
+        elif sent is None and peer is not None:  # it ended while queued
+            peer.error(ErrorCode.RUN_NOT_ACTIVE, f"run {run_id!r} has finished",
+                       reply_to=(message.get("message") or {}).get("id"), run_id=run_id)
 
     def post(self, instance_id: str, message: dict[str, Any]) -> None:
         """Send without waiting (replies are ephemeral; a lost one is retried by the client)."""
@@ -287,7 +299,7 @@ class RunRouter:
                 peer = RemotePeer(self, message["origin"], message["connection"], document_id,
                                   message["client_id"], message["user_id"])
                 await session.runs.handle(peer, parsed, forwarded=True)
-            elif kind == "edit":  # a user's edit made on another instance
+            elif kind == "edit":  # an edit made on another instance (a person's or the run's)
                 edit = validate_message(message["message"])
                 if isinstance(edit, EditorChange):
                     peer = RemotePeer(self, "", "", document_id, "", str(message["user_id"]))
