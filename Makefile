@@ -49,7 +49,7 @@ jstest:
 	node --test tests/js/
 
 pytest: $(VENV)/.installed-test
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25
 
 # The AI SDK / AG-UI adapters driven by the real `ai` and `@ag-ui/client` packages
 # (tests/node/adapters.test.mjs starts its own server from .venv).
