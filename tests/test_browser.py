@@ -21,7 +21,7 @@ from tests.browser_support import (
 )
 from tests.harness import Server, running_server
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 try:
     from playwright.async_api import Browser, expect

@@ -16,7 +16,7 @@ from tests.cluster_support import FAST_LEASE, cluster, join, killed
 from tests.harness import Client
 from tests.runs import EDITOR_TOOLS, answer, call, script
 
-pytestmark = pytest.mark.redis
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 TEXT = {"text": "0123456789" * 4, "version": 1}
 EDITS = 24

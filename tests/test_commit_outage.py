@@ -30,7 +30,7 @@ from tests.redis_support import redis_process
 from tests.runs import call, of_run, script
 from tests.test_outage_gaps import OutageProxy
 
-pytestmark = pytest.mark.redis
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
 TOOL_CALL = b'"type":"tool.call"'
 RESUMED = b'"type":"run.resumed"'
 # Lease 2 s: the decision's write is retried for 1 s, the run's end for 1 s more, then

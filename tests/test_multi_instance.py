@@ -12,7 +12,7 @@ from tests.cluster_support import FAST_LEASE, cluster, join, seqs, start_run
 from tests.harness import token, ws_client
 from tests.runs import call, of_run, script
 
-pytestmark = pytest.mark.redis
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 
 async def test_fan_out_across_instances_with_identical_seq() -> None:

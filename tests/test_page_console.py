@@ -26,7 +26,7 @@ from tests.browser_support import (
 )
 from tests.harness import Server, joined
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 try:
     from playwright.async_api import Browser, Page, expect

@@ -13,7 +13,7 @@ import pytest
 from tests.browser_support import NetworkCut, open_tab, submit
 from tests.harness import Server, make_settings, running_server
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 try:
     from playwright.async_api import Browser, WebSocketRoute, expect

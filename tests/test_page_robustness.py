@@ -20,7 +20,7 @@ from tests.cluster_support import instance
 from tests.harness import Server, make_settings, running_server
 from tests.redis_support import redis_process
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 try:
     from playwright.async_api import Browser, Page, Route, expect

@@ -22,7 +22,7 @@ from tests.browser_support import (
 )
 from tests.harness import Server
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 try:
     from playwright.async_api import Browser, Page, WebSocket, expect
