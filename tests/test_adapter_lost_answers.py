@@ -232,6 +232,30 @@ async def test_ai_sdk_a_run_that_ended_while_the_frontend_was_away_is_replayed(
         assert await reconnect() == ([204] if transport == "sse" else ["no-active"])
 
 
+async def test_ai_sdk_a_run_the_frontend_stopped_is_not_replayed_on_reload(
+        server: Server) -> None:
+    """Stop (the WebSocket transport's `abort`), then a reload within the window: the
+    `resume` got the stopped run replayed as a new message (its end was never streamed,
+    so it counted as lost); the frontend asked for no end."""
+    slow = script({"say": "x" * 60}, chunk_chars=1, delay_ms=30)
+    url = f"ws://127.0.0.1:{server.settings.port}/v1/ai-sdk/stopped/ws?token={token()}"
+    async with joined(server, "stopped", sub="bob", client_id="watcher") as (watcher, _):
+        async with ws_client(url) as client:
+            await client.send({"type": "send", "requestId": "q1", "id": "chat",
+                               "messages": [user_message(slow)],
+                               "trigger": "submit-message"})
+            chunks = 0
+            while chunks < 8:
+                chunks += (await client.recv())["type"] == "chunk"
+            await client.send({"type": "abort", "requestId": "q1"})  # the Stop button
+            finished = await watcher.recv_until("run.finished", timeout=15)
+        assert finished["status"] == "cancelled"
+        assert await _ws_resume(server, "stopped") == ["no-active"]
+        async with httpx.AsyncClient(timeout=15) as http:
+            status, _ = await sse(http, "GET", f"{server.http}/v1/ai-sdk/stopped/chat/chat/stream")
+        assert status == 204
+
+
 @pytest.mark.redis
 async def test_ai_sdk_a_run_that_ended_after_its_log_was_reset_is_replayed() -> None:
     """The frontend's stream broke off, then the document log was reset (Redis lost its

@@ -306,6 +306,12 @@ class ChatRun(Generic[Item]):
                         reason=reason)
 
     async def cancel(self) -> Answer:
+        # The frontend asked to stop: the run's end is no longer one it waits for (a
+        # reload within delivery.WINDOW_S replayed the stopped run as a new message).
+        key = delivery.end_key(self.link.document_id, self.run_id)
+        if key not in self._marked:
+            self._marked.add(key)
+            await delivery.mark(self.link.services.backend, key)
         return await self._ask(RunCancel(type="run.cancel", id=new_message_id(),
                                          run_id=self.run_id))
 

@@ -36,7 +36,10 @@ WINDOW_S = 300.0
 """How long after a run's end (or an answer) a lost segment is still delivered."""
 MARK_TTL_S = 2 * WINDOW_S
 """How long the delivery marks are kept: longer than anything they decide."""
-FIRST_WINDOWS = (256, 4096)
+FIRST_WINDOWS = (256,)
+"""The log's tail read for a recently ended run: one window. Reading on to the whole
+log (10,000 events) cost a Redis reconnect 0.5 s and blocked the event loop, on every
+page load of a chat with no active run, by any reader of the document."""
 RECORDS_CHECKED = 8
 """Ended runs whose record is read when the log no longer holds their start."""
 
@@ -65,17 +68,17 @@ def recent(ts: int | None) -> bool:
 async def newest_ended_run(backend: Backend, document_id: str, client_id: str,
                            user_id: str, log_max_events: int) -> str | None:
     """The run id of the newest run of `client_id` and `user_id` when it ended within
-    `WINDOW_S`, read from the log's tail (newest first, in growing windows, up to
-    what the log keeps). None when that run is still active, ended earlier, or is
-    not in the log. A document runs one run at a time, so once a `run.finished`
-    older than the window is read, every run before it ended earlier too; and once
-    the events read are older than the window, a run that ended within it but
-    started before is found by its run record (so is one whose start the log no
-    longer holds)."""
+    `WINDOW_S`, read from the log's tail (newest first, its last `FIRST_WINDOWS` events:
+    a run followed by more events than that is not found). None when that run is still
+    active, ended earlier, or is not in the log. A document runs one run at a time, so
+    once a `run.finished` older than the window is read, every run before it ended
+    earlier too; and once the events read are older than the window, a run that ended
+    within it but started before is found by its run record (so is one whose start the
+    log no longer holds)."""
     head = await backend.head(document_id)
     finished: list[str] = []  # ended within the window, newest first
     until = head.last_seq
-    for size in sorted({min(n, log_max_events) for n in (*FIRST_WINDOWS, log_max_events)}):
+    for size in sorted({min(n, log_max_events) for n in FIRST_WINDOWS}):
         after = max(0, head.last_seq - size)
         if after >= until:
             continue
