@@ -164,3 +164,27 @@ async def test_an_offset_past_the_bound_is_refused_and_loses_nothing(
             assert str(2**63 - 1) not in refused["message"]
         assert finished(alice, ack["run_id"]) == []
         assert (await finish(alice, ack))["status"] == "completed"
+
+
+def test_a_person_typing_through_a_long_wait_leaves_a_bounded_note() -> None:
+    """Every edit the run survived added a note, each checkpointed whole with all the
+    notes before it (200 edits: 2 MB of Redis writes, growing with their square) and
+    all of them told to the model. The newest NOTES_KEPT are kept, the rest counted."""
+    from server.agent.checkpoint import to_checkpoint
+    from server.agent.edits import NOTES_KEPT, changes_note, judge_edit
+    from server.agent.run_state import RunState
+
+    state = RunState(run_id="r1", document_id="d1", mode="agent", user_id="alice",
+                     client_id="tab", prompt="p", model="m", max_steps=5, on_edit="continue",
+                     messages=({"role": "user", "content": "p"},))
+    sizes = []
+    for version in range(2, 502):
+        verdict = judge_edit(state, "bob", "user", version, "typing", ((0, 0, 1),))
+        assert not verdict.abort
+        state = verdict.state
+        sizes.append(len(str(to_checkpoint(state))))
+    assert len(state.edits) == NOTES_KEPT and state.document_version == 501
+    assert sizes[-1] == sizes[-100]  # the checkpoint stopped growing
+    told = changes_note(state.edits).splitlines()
+    assert told[1] == f"- {500 - NOTES_KEPT + 1} earlier edits (not listed)"
+    assert told[-2].startswith("- bob (document version 501): typing")

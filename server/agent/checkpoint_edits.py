@@ -32,6 +32,6 @@ def survived_edit(state: RunState, verdict: EditVerdict, event: DocumentEdited,
                                         for a, b in verdict.moved],
             document_version=event.version, user_id=event.user_id))
     if checkpoint and (after.document_version != state.document_version or
-                       after.scope != state.scope or len(after.edits) != len(state.edits)):
+                       after.scope != state.scope or after.edits is not state.edits):
         out.do(CHECKPOINT)
     return after

@@ -69,7 +69,7 @@ def judge_edit(state: RunState, user_id: str, origin: str, version: Any, summary
             scope = moved = after  # logged even when unmoved: the scope at the new version
     note = edit_note(user_id, version, summary, changes)
     return EditVerdict(False, state.evolve(document_version=known, scope=scope,
-                                      edits=(*state.edits, note)), moved)
+                                      edits=with_note(state.edits, note)), moved)
 
 
 def later_version(known: int | str | None, reported: int | str) -> int | str:
@@ -83,6 +83,23 @@ def later_version(known: int | str | None, reported: int | str) -> int | str:
     return reported
 
 
+NOTES_KEPT = 20
+"""Edit notes the run keeps for the model's next request: the newest, after one that
+counts the rest. A person typing through a long wait (an approval) made thousands,
+every one checkpointed whole with all the notes before it (2 MB of Redis writes for
+200 edits, growing with their square), and all of them went into the prompt."""
+
+
+def with_note(edits: tuple[dict[str, Any], ...], note: dict[str, Any]
+              ) -> tuple[dict[str, Any], ...]:
+    """`edits` and `note`, at most NOTES_KEPT of them: the oldest folded into a count
+    (`{"earlier": n}`, always first)."""
+    if len(edits) < NOTES_KEPT:
+        return (*edits, note)
+    counted = edits[0]["earlier"] + 1 if "earlier" in edits[0] else 2
+    return ({"earlier": counted}, *edits[2:], note)
+
+
 def edit_note(user_id: str, version: Any, summary: str | None,
               changes: tuple[Edit, ...] | None) -> dict[str, Any]:
     """One edit as the model will be told of it (`changes_note`)."""
@@ -94,6 +111,9 @@ def changes_note(edits: tuple[dict[str, Any], ...]) -> str:
     """What the model is told before its next request about edits made meanwhile."""
     lines = ["While you worked, people edited the document:"]
     for edit in edits:
+        if "earlier" in edit:
+            lines.append(f"- {edit['earlier']} earlier edits (not listed)")
+            continue
         where = ("somewhere (no ranges given)" if edit["changes"] is None else
                  ", ".join(f"[{f}, {t}) replaced by {i} units" for f, t, i in edit["changes"])
                  or "nothing (an empty list of changes)")

@@ -14,7 +14,7 @@ outside it ended the run.
 
 from typing import Any
 
-from server.agent.edits import Edit, edit_note, judge_edit
+from server.agent.edits import Edit, edit_note, judge_edit, with_note
 from server.agent.run_state import RunState
 
 WAITED = "while this run waited in the queue"
@@ -34,14 +34,14 @@ def judge_waited(state: RunState, changed: list[dict[str, Any]] | None) -> RunSt
     (the runs before it logged more than the log keeps, or Redis lost it): nothing is
     known, so nothing ends it, and the model is told the document may have changed."""
     if changed is None:
-        return state.evolve(edits=(*state.edits, UNKNOWN))
+        return state.evolve(edits=with_note(state.edits, UNKNOWN))
     for event in changed:
         user, version = str(event.get("user_id")), event.get("document_version")
         changes = _changes(event)
         if event.get("origin") == "agent":
             moved = judge_edit(state, user, "agent", version, None, changes).state
             note = edit_note(user, version, f"another run's edit, {WAITED}", changes)
-            state = moved.evolve(edits=(*moved.edits, note))
+            state = moved.evolve(edits=with_note(moved.edits, note))
             continue
         verdict = judge_edit(state, user, "user", version, WAITED, changes)
         if verdict.abort:
