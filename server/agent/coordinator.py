@@ -29,22 +29,18 @@ from protocol.client import (
 from protocol.codes import ErrorCode
 from protocol.server import FinishedStatus, RunSnapshot
 from server.agent.admission import first_state, refusal, toolbox_for
+from server.agent.client_inputs import client_input
 from server.agent.driver import RunDriver
 from server.agent.environment import RunEnvironment
 from server.agent.run_queue import RunQueueMixin
-from server.agent.run_state import TERMINAL, RunState, ToolOutcome
+from server.agent.run_state import TERMINAL, RunState
 from server.agent.steps import (
-    ApprovalAnswer,
-    Cancel,
-    ClientToolResult,
     DocumentEdited,
     End,
     ExecutorPresence,
-    Input,
     Reply,
 )
 from server.agent.takeover import TakeoverMixin
-from server.agent.work import now_ms
 from server.backends.base import BackendUnavailable, run_ended_in_log
 from server.connection import Peer
 from server.ports import EventLog, LocalPresence
@@ -120,12 +116,18 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
             state = driver.state
             driver.feed(ExecutorPresence(self.local.has_client(state.user_id, state.client_id)))
 
-    async def on_edit(self, peer: Peer, message: EditorChange) -> None:
+    async def on_edit(self, peer: Peer, message: EditorChange, forwarded: bool = False
+                      ) -> None:
         """An `editor.change`: the run decides (section 11); an edit of a run owned by
         another instance goes to its owner, in order (`RunRouter.post_to_run_owner`),
         the run's own too (origin `agent`: its executor may be connected here, not
         there; dropped, they left its scope behind the text it wrote)."""
         driver = self.active
+        if not forwarded and driver is not None and not driver.state.finished and \
+                self.env.cluster.has_lane(self.document_id):  # the run moved here while
+            # this instance still forwards edits made before: this one goes behind them
+            self._forward_edit(driver.run_id, peer, message)
+            return
         if driver is not None and not driver.state.finished and not driver.ending_unlogged:
             started = time.perf_counter()
             changes = None if message.changes is None else tuple(
@@ -139,10 +141,12 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
             await driver.done.wait()  # it ended, or moved to another instance: ask there
         record = await self._record_elsewhere()
         if record is not None:
-            run_id = str(record["run_id"])
-            self.env.cluster.post_to_run_owner(self.document_id, run_id, {
-                "kind": "edit", "document_id": self.document_id, "run_id": run_id,
-                "user_id": peer.user_id, "message": message.to_wire()})
+            self._forward_edit(str(record["run_id"]), peer, message)
+
+    def _forward_edit(self, run_id: str, peer: Peer, message: EditorChange) -> None:
+        self.env.cluster.post_to_run_owner(self.document_id, run_id, {
+            "kind": "edit", "document_id": self.document_id, "run_id": run_id,
+            "user_id": peer.user_id, "message": message.to_wire()})
 
     async def abort(self, run_id: str, status: FinishedStatus, reason: str) -> None:
         """End the local run `run_id` (asked by another instance)."""
@@ -165,6 +169,11 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
             return
         if not isinstance(message, (ToolResult, Approval, RunCancel)):
             return
+        if not forwarded and self.env.cluster.has_lane(self.document_id) and \
+                await self.env.cluster.to_run_owner(  # behind the edits on their way
+                    self.document_id, message.run_id, self.env.cluster.envelope(peer, message),
+                    peer):
+            return
         driver = self.active
         if driver is not None and driver.run_id == message.run_id:
             if driver.ending_unlogged:  # its end waits out an outage: do not wait with it
@@ -172,11 +181,11 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
                            "shortly", reply_to=message.id, run_id=message.run_id,
                            retry_after_ms=1000)
                 return
-            if await driver.submit(self._input(driver, peer, message), peer):
+            if await driver.submit(client_input(driver, peer, message), peer):
                 return
         finished = self.finished.get(message.run_id)
         if finished is not None:
-            for effect in self.env.machine.decide(finished, self._input(None, peer, message)
+            for effect in self.env.machine.decide(finished, client_input(None, peer, message)
                                                   ).effects:
                 if isinstance(effect, Reply):  # only replies come out of `finished`
                     peer.reply(effect.message)
@@ -195,27 +204,6 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
         else:
             peer.error(ErrorCode.RUN_NOT_FOUND, f"no run {message.run_id!r} on this document",
                        reply_to=message.id, run_id=message.run_id)
-
-    def _input(self, driver: RunDriver | None, peer: Peer,
-               message: ToolResult | Approval | RunCancel) -> Input:
-        if isinstance(message, ToolResult):
-            outcome = (ToolOutcome("error", error=message.error.to_wire())
-                       if message.error is not None else ToolOutcome("ok", output=message.output))
-            return ClientToolResult(message.call_id, message.token, outcome, peer.user_id,
-                                    now_ms(), message.id, message.document_version)
-        if isinstance(message, Approval):
-            arguments, problem = message.arguments, None
-            current = driver.state.current if driver is not None else None
-            if message.decision == "approve" and arguments is not None and current is not None \
-                    and driver is not None:
-                checked = driver.toolbox.check(current.name, arguments)
-                if isinstance(checked, str):
-                    arguments, problem = None, checked
-                else:
-                    arguments = checked.arguments
-            return ApprovalAnswer(message.call_id, peer.user_id, message.decision, message.scope,
-                                  arguments, problem, message.reason, now_ms(), message.id)
-        return Cancel(peer.user_id, message.id)
 
     # -- starting a run -------------------------------------------------------------
     async def _start(self, peer: Peer, message: RunStart) -> None:

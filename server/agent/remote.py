@@ -172,6 +172,11 @@ class RunRouter:
             peer.error(ErrorCode.UNAVAILABLE, "the run is moving to another instance; "
                        "retry shortly", reply_to=reply_to, run_id=run_id, retry_after_ms=1000)
 
+    def has_lane(self, document_id: str) -> bool:
+        """Whether messages about the document are still on their way from this instance
+        (`_queue`): a message for a run that now runs here goes behind them."""
+        return document_id in self._lanes
+
     def post_to_run_owner(self, document_id: str, run_id: str, message: dict[str, Any]
                           ) -> None:
         """`to_run_owner` without waiting (an edit: nobody to answer), after whatever this
@@ -209,9 +214,10 @@ class RunRouter:
 
     async def _send_queued(self, document_id: str, run_id: str, message: dict[str, Any],
                            peer: Peer | None) -> None:
-        try:
+        here = self._runs_here(document_id, run_id)  # taken over meanwhile: to itself
+        try:  # (its own inbox, behind what it was sent before; polled, it lagged live input)
             sent = await self.backend.send_to_run_owner(document_id, run_id, message,
-                                                        not_to=self.me)
+                                                        not_to="" if here else self.me)
         except BackendUnavailable:
             sent = ""  # tried again for as long as a takeover is waited for
         if sent == "":
@@ -303,7 +309,7 @@ class RunRouter:
                 edit = validate_message(message["message"])
                 if isinstance(edit, EditorChange):
                     peer = RemotePeer(self, "", "", document_id, "", str(message["user_id"]))
-                    await session.runs.on_edit(peer, edit)
+                    await session.runs.on_edit(peer, edit, forwarded=True)
             elif kind in ("supersede", "interrupt"):
                 reason = "superseded" if kind == "supersede" else "interrupted"
                 await session.runs.abort(message["run_id"], "cancelled", reason)
