@@ -6,11 +6,14 @@ Run as `python -m tests.mcp_raw_server`. Environment: RAW_LOG (a file it notes
 `initialize`, `list` and calls in), RAW_EXTRA_TOOL (one more tool, as JSON),
 RAW_TOOLS_N (that many more tools, each with its own schema), RAW_NOTIFY_S (announce
 `tools/list_changed` that often), RAW_FAIL_START=1 (write a traceback to stderr and
-exit with code 1 before reading anything).
+exit with code 1 before reading anything), RAW_HELPER (a file: start a `sleep` in
+its own process group, as a server starting a browser or a language server does,
+and write the helper's pid there).
 """
 
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -80,6 +83,11 @@ def main() -> None:
         print("Traceback (most recent call last):\n  File \"server.py\", line 1, in <module>\n"
               "ModuleNotFoundError: No module named 'notes_backend'", file=sys.stderr)
         sys.exit(1)
+    if helper_file := os.environ.get("RAW_HELPER"):
+        helper = subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(helper_file, "w") as file:
+            file.write(str(helper.pid))
     if every := float(os.environ.get("RAW_NOTIFY_S", "0")):
         threading.Thread(target=_announce, args=(every,), daemon=True).start()
     for line in sys.stdin:

@@ -6,6 +6,7 @@ draft-07 schemas, and config values past any sense. Real subprocesses and socket
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 import time
 import tomllib
@@ -312,3 +313,29 @@ def test_config_values_past_any_sense_are_refused(toml: str, problem: str) -> No
     with pytest.raises(ConfigError) as refused:
         parse_config(tomllib.loads(toml))
     assert str(refused.value) == f"COWRITE_CONFIG: {problem}"
+
+
+async def test_a_helper_the_server_started_ends_with_it(tmp_path: Path) -> None:
+    """A server that exits on its own when its stdin closes left the processes it had
+    started (same process group) running, at every restart and shutdown: the group
+    was signalled only when the server itself outlived the grace."""
+    pid_file = tmp_path / "helper.pid"
+    async with started(raw_toml("raw", {"RAW_HELPER": str(pid_file)})) as tools:
+        assert available(tools)["raw__echo"]
+        helper = int(pid_file.read_text())
+    for _ in range(50):  # reaped by its parent's exit: gone, or a zombie of init
+        if _process_state(helper) in (None, "Z"):
+            break
+        await asyncio.sleep(0.1)
+    else:
+        os.kill(helper, 9)
+        raise AssertionError("the helper the MCP server started is still running")
+
+
+def _process_state(pid: int) -> str | None:
+    """The state letter of `pid` in /proc (None: no such process)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+

@@ -22,6 +22,7 @@ traceback printed again on every restart).
 """
 
 import logging
+import os
 import subprocess
 import sys
 from collections import deque
@@ -161,12 +162,16 @@ async def _read_messages(stdout: ByteReceiveStream,
             buffer += await stdout.receive()
         except anyio.EndOfStream:
             return
-        start = 0
+        start, ignored = 0, 0
         while (end := buffer.find(b"\n", searched)) >= 0 and end - start <= cap:
             message = _parse(buffer[start:end], state, name)
             start = searched = end + 1
             if message is not None:
                 await send.send(message)
+            else:
+                ignored += 1
+                if ignored % 256 == 0:  # a flood of ignored lines held the event loop
+                    await anyio.lowlevel.checkpoint()
         del buffer[:start]
         searched = len(buffer)  # what is left holds no newline (or is over the cap)
         if len(buffer) > cap:
@@ -199,11 +204,13 @@ async def _read_stderr(stderr: ByteReceiveStream, state: StdioState, name: str) 
         except _PIPE_ERRORS:
             break
         *lines, rest = chunk.split(b"\n")
-        for line in lines:
+        for number, line in enumerate(lines, start=1):
             if not skipping:
                 _stderr_line(buffer + line, state, name)
             buffer.clear()
             skipping = False
+            if number % 256 == 0:  # a flood of lines held the event loop
+                await anyio.lowlevel.checkpoint()
         if not skipping:
             buffer += rest
             if len(buffer) > limit:
@@ -240,8 +247,8 @@ async def _stop(process: Process) -> None:
     """stdin closed, EXIT_GRACE_S to exit, then the process group is ended."""
     if process.stdin is not None:
         await _close(process.stdin)
-    if await _exited(process, EXIT_GRACE_S):
-        return
+    if await _exited(process, EXIT_GRACE_S) and not _group_alive(process.pid):
+        return  # (a helper it started, still in its group, was left running: ended below)
     if sys.platform == "win32":  # pragma: no cover
         with suppress(OSError):
             process.kill()
@@ -250,6 +257,17 @@ async def _stop(process: Process) -> None:
     if not await _exited(process, _REAP_S):
         log.warning("mcp server process %d is still alive after SIGKILL; left behind",
                     process.pid)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the server's group (its own session) still runs."""
+    if sys.platform == "win32":  # pragma: no cover
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def _close_transport(process: Process) -> None:
