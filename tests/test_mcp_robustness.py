@@ -4,14 +4,12 @@ draft-07 schemas, and config values past any sense. Real subprocesses and socket
 `tests/mcp_raw_server.py` over stdio, a stateful HTTP server on a free port."""
 
 import asyncio
-import contextlib
 import logging
 import os
 import sys
 import time
 import tomllib
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +26,13 @@ from starlette.routing import Route
 from protocol.client import ToolSpec
 from server.agent.tools import check_tool_schemas
 from server.tools import mcp_results, mcp_source
-from server.tools.catalog import ToolCatalog
 from server.tools.config import ConfigError, parse_config
 from server.tools.mcp_source import McpTimings
 from tests.harness import free_port, joined, running_server, token
 from tests.log_records import records_of
 from tests.runs import call, of_run, script, start
-from tests.tool_support import FAST, catalog, tool_context
+from tests.tool_support import available, tool_context
+from tests.tool_support import started_catalog as started
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,20 +43,6 @@ def raw_toml(name: str = "raw", env: dict[str, str] | None = None, extra: str = 
     return (f'[[mcp]]\nname = "{name}"\ncommand = {command}\n'
             f'cwd = {orjson.dumps(str(ROOT)).decode()}\nenv = {{ {env_toml} }}\n'
             f"requires_approval = false\n{extra}")
-
-
-@contextlib.asynccontextmanager
-async def started(toml: str, timings: McpTimings = FAST) -> AsyncIterator[ToolCatalog]:
-    tools = catalog(toml, timings=timings)
-    await tools.start()
-    try:
-        yield tools
-    finally:
-        await tools.close()
-
-
-def available(tools: ToolCatalog) -> dict[str, bool]:
-    return {entry["name"]: entry["available"] for entry in tools.describe()}
 
 
 async def test_a_huge_stdio_answer_neither_freezes_the_instance_nor_is_read_whole(

@@ -19,14 +19,19 @@ import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from server.tools.catalog import ToolCatalog
 from server.tools.config import McpServerConfig
 from server.tools.context import ToolUnavailable
 from server.tools.mcp_source import McpConnection, McpTimings
 from tests.harness import free_port
 from tests.log_records import records_of
 from tests.mcp_fixture_server import build
-from tests.tool_support import FAST, catalog, file_says, tool_context, until
+from tests.tool_support import (
+    available,
+    file_says,
+    started_catalog,
+    tool_context,
+    until,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 STDIO = f"""
@@ -37,24 +42,7 @@ cwd = {orjson.dumps(str(ROOT)).decode()}
 """
 
 
-@contextlib.asynccontextmanager
-async def started(toml: str) -> AsyncIterator[ToolCatalog]:
-    async with started_with(toml, FAST) as tools:
-        yield tools
-
-
-@contextlib.asynccontextmanager
-async def started_with(toml: str, timings: McpTimings) -> AsyncIterator[ToolCatalog]:
-    tools = catalog(toml, timings=timings)
-    await tools.start()
-    try:
-        yield tools
-    finally:
-        await tools.close()
-
-
-def available(tools: ToolCatalog) -> dict[str, bool]:
-    return {entry["name"]: entry["available"] for entry in tools.describe()}
+started = started_catalog  # with FAST timings
 
 
 async def test_stdio_listing_calls_and_result_mapping() -> None:
@@ -190,8 +178,8 @@ async def test_a_missing_command_is_one_warning_naming_it_then_quiet() -> None:
     """It printed a 50-line traceback on every retry, without naming the command."""
     with records_of("cowrite.tools") as records:
         fast = McpTimings(retry_min_s=0.05, retry_max_s=0.05)
-        async with started_with('[[mcp]]\nname = "ghost"\ncommand = ["/nonexistent/ghost-mcp"]\n',
-                                fast):
+        ghost = '[[mcp]]\nname = "ghost"\ncommand = ["/nonexistent/ghost-mcp"]\n'
+        async with started_catalog(ghost, fast):
             await asyncio.sleep(0.6)  # several retries
     down = [r for r in records if "mcp server ghost is down" in r.getMessage()]
     assert len(down) >= 3
@@ -360,7 +348,7 @@ async def test_a_crashed_server_is_one_warning_then_restarted() -> None:
     """It was restarted without a word in the log."""
     timings = McpTimings(connect_timeout_s=10, retry_min_s=0.05, retry_max_s=0.5, poll_s=1.0)
     with mcp_log() as records:
-        async with started_with(STDIO, timings) as tools:
+        async with started_catalog(STDIO, timings) as tools:
             assert warnings_of(records) == []
             pid = (await tools.invoke("fx__pid", {}, tool_context())).output["result"]
             os.kill(pid, signal.SIGKILL)
@@ -379,7 +367,7 @@ async def test_a_typo_in_the_allowlist_or_rename_is_a_warning_once() -> None:
     config = STDIO + 'tools = ["add", "ad"]\nrename = { add = "plus", shuot = "yell" }\n'
     timings = McpTimings(connect_timeout_s=10, retry_min_s=0.05, poll_s=0.2, relist_gap_s=0.1)
     with mcp_log() as records:
-        async with started_with(config, timings) as tools:
+        async with started_catalog(config, timings) as tools:
             assert available(tools)["plus"] is True
             await asyncio.sleep(0.6)  # more listings: no more warnings
     assert warnings_of(records) == [

@@ -1,9 +1,10 @@
 """Helpers shared by the tool tests: a ToolContext, a catalog from TOML text, waiting."""
 
 import asyncio
+import contextlib
 import logging
 import tomllib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from server.tools.catalog import ToolCatalog
@@ -45,3 +46,21 @@ async def file_says(path: Path, line: str, timeout: float = 10.0) -> None:
     async with asyncio.timeout(timeout):
         while line not in written():  # noqa: ASYNC110
             await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def started_catalog(toml: str, timings: McpTimings = FAST
+                          ) -> AsyncIterator[ToolCatalog]:
+    """A catalog of `toml`, started (its MCP servers connecting), closed after."""
+    tools = catalog(toml, timings=timings)
+    await tools.start()
+    try:
+        yield tools
+    finally:
+        await tools.close()
+
+
+def available(tools: ToolCatalog) -> dict[str, bool]:
+    """Each listed tool's name and whether it can be called now."""
+    return {entry["name"]: entry["available"] for entry in tools.describe()}
+
