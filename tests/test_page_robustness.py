@@ -93,12 +93,15 @@ async def test_a_tab_that_joins_mid_run_shows_what_came_while_it_loaded(
     browser: "Browser", dev_server: Server,
 ) -> None:
     alice = (await open_tab(browser, dev_server, "rb-join", user="alice", extra="&keep=0")).page
-    await submit(alice, scripted("THE ANSWER that lasts about a second.", chunk=4, delay_ms=100))
+    # Long enough (~4 s) for bob's page to load and connect while it runs, on a busy CI
+    # host too (at 1 s it had sometimes ended before bob's welcome: nothing to join).
+    await submit(alice, scripted("THE ANSWER that lasts a few seconds.", chunk=4, delay_ms=400))
     await expect(alice.locator("#run-state")).to_contain_text("running")
     context = await browser.new_context()  # another browser: bob
     bob = await context.new_page()
     await slow_history(bob)
     await bob.goto(f"{dev_server.http}/?doc=rb-join&user=bob&keep=0")
+    await expect(bob.locator("#run-state")).to_contain_text("running")  # joined mid-run
     await expect(alice.locator("#run-state")).to_have_text("", timeout=15_000)
     await expect(transcript(bob)).to_have_text(await transcript(alice).all_text_contents(),
                                                timeout=5_000)
