@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from server.app import create_app
 from server.lifecycle import DrainingServer, drain
-from server.runner import bind_metrics, uvicorn_config
+from server.runner import bind_listeners, bind_metrics, close_all, uvicorn_config
 from server.settings import Settings
 from server.startup_errors import StartupError, settings_problems
 from server.tools.config import ConfigError
@@ -116,18 +116,20 @@ class AnnouncingServer(DrainingServer):
 
 def main() -> int:
     metrics_sockets: list[socket.socket] = []
+    listeners: list[socket.socket] = []
     try:
         settings = Settings()
         check_host(settings.host)
-        metrics_sockets = bind_metrics(settings)  # a port in use: one line, before anything
+        # A port in use: one line, exit 2, before anything starts.
+        listeners = bind_listeners(settings.host, settings.port, "COWRITE_PORT")
+        metrics_sockets = bind_metrics(settings)
         app = create_app(settings, metrics_sockets=metrics_sockets)
     except ValidationError as exc:  # a bad COWRITE_* value: one line each, no values
         for problem in settings_problems(exc):
             print(f"cowrite: {problem}", file=sys.stderr, flush=True)
         return 2
     except (StartupError, ConfigError, ValueError) as exc:  # the checks' own words, one line
-        for listener in metrics_sockets:
-            listener.close()
+        close_all(listeners + metrics_sockets)
         print(f"cowrite: {exc}", file=sys.stderr, flush=True)
         return 2
     services = app.state.services
@@ -135,7 +137,7 @@ def main() -> int:
                               on_shutdown=lambda: drain(services),
                               backend_ready=services.backend.ready)
     try:
-        server.run()
+        server.run(sockets=listeners)
     except KeyboardInterrupt:
         # uvicorn shut down cleanly, then re-raised the Ctrl-C it captured: no traceback.
         pass

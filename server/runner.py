@@ -50,17 +50,15 @@ def metrics_config(app: Starlette, settings: Settings) -> uvicorn.Config:
                           access_log=False, ws="none", timeout_graceful_shutdown=1)
 
 
-def bind_metrics(settings: Settings) -> list[socket.socket]:
-    """The `COWRITE_METRICS_PORT` listeners, bound before anything starts (one per
-    address of `COWRITE_HOST`, as asyncio's `create_server` binds): a port in use stops
-    the start in one line. Bound by uvicorn inside the lifespan, it was uvicorn's
-    `sys.exit(3)` through the event loop, an 81-line traceback."""
-    port = settings.metrics_port
-    if port is None:
-        return []
+def bind_listeners(host: str, port: int, variable: str) -> list[socket.socket]:
+    """Listening sockets for `port` on every address of `host` (as asyncio's
+    `create_server` binds them), bound before anything starts: a port in use stops the
+    start in one line naming `variable`. Bound by uvicorn, a busy port was uvicorn's
+    own log line and `sys.exit(3)` (the metrics port's, inside the lifespan, an 81-line
+    traceback)."""
     listeners: list[socket.socket] = []
     try:
-        found = socket.getaddrinfo(settings.host or None, port, type=socket.SOCK_STREAM,
+        found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
                                    flags=socket.AI_PASSIVE)
         for family, kind, proto, _, address in dict.fromkeys(found):
             try:
@@ -73,14 +71,25 @@ def bind_metrics(settings: Settings) -> list[socket.socket]:
                 listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             listener.bind(address)
     except OSError as exc:
-        for listener in listeners:
-            listener.close()
+        close_all(listeners)
         reason = exc.strerror or "cannot bind"
-        raise StartupError(f"COWRITE_METRICS_PORT: cannot listen on that port of COWRITE_HOST "
+        raise StartupError(f"{variable}: cannot listen on that port of COWRITE_HOST "
                            f"({reason}): free it or choose another port") from None
     if not listeners:
-        raise StartupError("COWRITE_METRICS_PORT: no address of COWRITE_HOST to listen on")
+        raise StartupError(f"{variable}: no address of COWRITE_HOST to listen on")
     return listeners
+
+
+def bind_metrics(settings: Settings) -> list[socket.socket]:
+    """The `COWRITE_METRICS_PORT` listeners (none when it is unset)."""
+    if settings.metrics_port is None:
+        return []
+    return bind_listeners(settings.host, settings.metrics_port, "COWRITE_METRICS_PORT")
+
+
+def close_all(listeners: list[socket.socket]) -> None:
+    for listener in listeners:
+        listener.close()
 
 
 class MetricsServer(uvicorn.Server):

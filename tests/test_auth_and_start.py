@@ -5,7 +5,7 @@ A token whose header named the other key type's algorithm (`{"alg":"ES256"}` wit
 key) made PyJWT raise a TypeError: a 500 with a traceback on every HTTP route and a
 dropped document socket (1006, no error frame). `COWRITE_JWT_AUDIENCE=` refused every
 token, `COWRITE_JWT_PUBLIC_KEY=` skipped a start check. A busy `COWRITE_METRICS_PORT`
-was an 81-line traceback, exit 3."""
+was an 81-line traceback, exit 3; a busy `COWRITE_PORT` uvicorn's own line, exit 3."""
 
 import os
 import socket
@@ -190,6 +190,18 @@ def test_a_busy_metrics_port_is_one_line_and_a_free_one_serves() -> None:
         finally:
             server.terminate()
             server.communicate(timeout=30)
+
+
+def test_a_busy_port_is_one_line_exit_2() -> None:
+    """It was uvicorn's `[Errno 98] error while attempting to bind` and exit 3, after
+    the lifespan had started (and stopped) every service."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        busy = str(holder.getsockname()[1])
+        one_line(launch(COWRITE_JWT_SECRET=SECRET, COWRITE_PORT=busy),
+                 "COWRITE_PORT: cannot listen on that port of COWRITE_HOST "
+                 "(Address already in use)")
 
 
 @pytest.mark.parametrize("url", ["redis://127.0.0.1:s3cret-pass/0", "localhost:6380"])
