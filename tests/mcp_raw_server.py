@@ -8,7 +8,8 @@ RAW_TOOLS_N (that many more tools, each with its own schema), RAW_NOTIFY_S (anno
 `tools/list_changed` that often), RAW_FAIL_START=1 (write a traceback to stderr and
 exit with code 1 before reading anything), RAW_HELPER (a file: start a `sleep` in
 its own process group, as a server starting a browser or a language server does,
-and write the helper's pid there).
+and write the helper's pid there), RAW_HELPER_STDOUT=1 (that helper inherits stdout, as a
+child started without redirection does).
 """
 
 import json
@@ -50,6 +51,7 @@ def _tools() -> list[dict[str, Any]]:
                                          "properties": {"mb": {"type": "number"}}}},
         {"name": "badutf8", "inputSchema": {"type": "object"}},
         {"name": "pid", "inputSchema": {"type": "object"}},
+        {"name": "stall", "inputSchema": {"type": "object"}},
     ]
     if extra := os.environ.get("RAW_EXTRA_TOOL"):
         tools.append(json.loads(extra))
@@ -70,6 +72,9 @@ def _call(mid: Any, name: str, arguments: dict[str, Any]) -> None:
         _text(mid, "after the bad bytes")
     elif name == "pid":
         _text(mid, str(os.getpid()))
+    elif name == "stall":  # answers after 5 minutes: a call in flight when it is killed
+        time.sleep(300)
+        _text(mid, "late")
 
 
 def _announce(every_s: float) -> None:
@@ -84,8 +89,10 @@ def main() -> None:
               "ModuleNotFoundError: No module named 'notes_backend'", file=sys.stderr)
         sys.exit(1)
     if helper_file := os.environ.get("RAW_HELPER"):
+        shares = bool(os.environ.get("RAW_HELPER_STDOUT"))
         helper = subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                  stdout=None if shares else subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
         with open(helper_file, "w") as file:
             file.write(str(helper.pid))
     if every := float(os.environ.get("RAW_NOTIFY_S", "0")):

@@ -148,6 +148,32 @@ async def test_a_stdio_server_that_dies_while_idle_is_noticed_at_once(tmp_path: 
         assert int((await tools.invoke("raw__pid", {}, tool_context())).output) != pid
 
 
+async def test_a_stdio_server_that_dies_while_its_helper_holds_stdout_is_noticed(
+        tmp_path: Path) -> None:
+    """A server killed while a process it started (inheriting its stdout) runs on: its
+    stdout never ended, so the call in flight waited out its timeout (60 s here) and the
+    tools stayed offered until the next poll. Its exit now ends the connection."""
+    pid_file = tmp_path / "helper.pid"
+    toml = raw_toml("raw", {"RAW_HELPER": str(pid_file), "RAW_HELPER_STDOUT": "1",
+                            "RAW_LOG": str(tmp_path / "raw.log")}, extra="timeout_s = 60\n")
+    async with started(toml) as tools:
+        pid = int((await tools.invoke("raw__pid", {}, tool_context())).output)
+        helper = int(pid_file.read_text())
+        stalled = asyncio.create_task(tools.invoke("raw__stall", {}, tool_context()))
+        async with asyncio.timeout(10):
+            while "call stall" not in (tmp_path / "raw.log").read_text():  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+        os.kill(pid, 9)
+        result = await asyncio.wait_for(stalled, 10)
+        assert result.status == "error" and result.error is not None
+        assert result.error["code"] == "unavailable", result.error
+        async with asyncio.timeout(10):  # restarted: a new process answers
+            while not available(tools)["raw__pid"] or int(
+                    (await tools.invoke("raw__pid", {}, tool_context())).output) == pid:
+                await tools.changed()
+    assert _process_state(helper) in (None, "Z"), "the dead server's helper still runs"
+
+
 class StatefulHttpMcp:
     """A 2025-06-18 streamable-HTTP server as most are deployed: a session id from
     `initialize`, 404 with -32001 for a session it does not know, no GET stream.

@@ -15,6 +15,11 @@ SIGTERM to the process group, 2 s, SIGKILL), with three differences:
   stdout, and the connection hung, every call waiting out its timeout, until
   the next poll.
 
+A server that exits while a process it started still holds its stdout (a helper
+that inherited it) is noticed by its exit, not only by stdout's end: within
+`_EXIT_POLL_S` + `_STDERR_S` its calls fail and it is restarted (they waited out
+their timeouts until the next poll).
+
 The server's stderr is read here too: each line is logged at debug level
 (`cowrite.tools.mcp.stderr`) and the last few are kept, for the one line that
 says why the server stopped (the SDK passed it to cowrite's stderr, a
@@ -49,6 +54,7 @@ _REAP_S = 2.0  # for the loop to see a killed process gone
 _FLUSH_S = 0.5  # for the writer to send what it accepted before stdin closes
 _STDERR_S = 0.5  # for the last stderr lines of an exited server to be read
 _POLL_S = 0.01
+_EXIT_POLL_S = 0.25  # how often a running server's process is checked for an exit
 STDERR_LINES_KEPT = 10
 STDERR_LINE_CHARS = 500
 _PIPE_ERRORS = (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError,
@@ -83,7 +89,7 @@ async def stdio_transport(params: StdioServerParameters, state: StdioState, name
     # there would leave the process running.
     read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
-    writer_done, stderr_done = anyio.Event(), anyio.Event()
+    writer_done, stderr_done, stdout_done = anyio.Event(), anyio.Event(), anyio.Event()
     shutting_down = False
 
     async def stdout_reader() -> None:
@@ -93,10 +99,26 @@ async def stdio_transport(params: StdioServerParameters, state: StdioState, name
                 await _read_messages(process.stdout, read_writer, state, name)
         except _PIPE_ERRORS:
             pass  # the session is gone, or our own shutdown closed the pipe
+        stdout_done.set()
         if not shutting_down:
             state.ended = True
             on_end()
         await _drain(process.stdout)  # a server blocked on a full pipe cannot exit
+
+    async def exit_watcher() -> None:
+        """The process gone while its stdout stays open (held by a process it started):
+        end the connection as if stdout had ended, once what it wrote has been read."""
+        while process.returncode is None:  # noqa: ASYNC110 - see _exited
+            await anyio.sleep(_EXIT_POLL_S)
+        with anyio.move_on_after(_STDERR_S):
+            await stdout_done.wait()
+        if stdout_done.is_set() or shutting_down:
+            return
+        log.info("mcp server %s exited (code %s) while a process it started still holds "
+                 "its stdout", name, process.returncode)
+        state.ended = True
+        await read_writer.aclose()  # the session sees the end: its requests fail at once
+        on_end()
 
     async def stderr_reader() -> None:
         assert process.stderr is not None
@@ -141,6 +163,7 @@ async def stdio_transport(params: StdioServerParameters, state: StdioState, name
         group.start_soon(stdout_reader)
         group.start_soon(stderr_reader)
         group.start_soon(stdin_writer)
+        group.start_soon(exit_watcher)
         try:
             yield read_stream, write_stream
         finally:
