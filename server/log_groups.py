@@ -180,16 +180,15 @@ async def append_held(backend: Backend, document_id: str, held: HeldText, fenced
     reply, retried, logs it once). `fenced` after an append of its run's text failed:
     the run may have been taken over meanwhile (an outage longer than its lease), so
     the text is logged only while this instance holds the run, checked in the same
-    step (`RedisBackend.append_fenced`), else dropped: the new owner discarded that
+    step (`Backend.append_fenced`), else dropped: the new owner discarded that
     message. It was logged at the session's next flush: the old owner's own retry of
     the run's end, or a person's edit there, put it after the run's `run.finished`."""
     held.write_id = held.write_id or new_write_id()
-    fence = getattr(backend, "append_fenced", None) if fenced else None
-    if fence is None:
+    if not fenced:
         await backend.append_once(document_id, held.wire(), held.write_id)
         return
     try:
-        await fence(document_id, held.wire(), held.write_id)
+        await backend.append_fenced(document_id, held.wire(), held.write_id)
     except RunMovedOn:
         logger.warning("held text dropped: its run is another instance's now",
                        extra={"document_id": document_id, "run_id": held.run_id})

@@ -223,6 +223,14 @@ class Backend(RunRegistry, Protocol):
         An in-process backend loses no reply: it appends."""
         ...
 
+    async def append_fenced(self, document_id: str, event: dict[str, Any], write_id: str
+                            ) -> None:
+        """`append_once` of an event of the run `event["run_id"]` only while this instance
+        holds that run (checked in the same step with a shared backend); else
+        `RunMovedOn`, nothing logged. Held text retried after a failed append: the run may
+        have been taken over meanwhile. An in-process backend has no other instance."""
+        ...
+
     async def subscribe(self, document_id: str, listener: EventListener,
                         on_reset: LogReset | None = None) -> None:
         """Deliver every later event of the document to `listener`, in seq order

@@ -211,6 +211,10 @@ class MemoryBackend(MemoryInstances):
         return self.append_encoded(document_id, str(event["type"]), body)
     append_once = append  # no reply to lose: the write id is not needed
 
+    async def append_fenced(self, document_id: str, event: dict[str, Any], write_id: str
+                            ) -> None:
+        await self.append(document_id, event)  # no other instance to take the run over
+
     def append_encoded(self, document_id: str, kind: str, body: bytes) -> LoggedEvent:
         """`append` of an event already encoded (`encode_event_body`), as a plain call:
         it never waits, so a session logs an event without a coroutine per append."""
