@@ -4,6 +4,7 @@ instances through a real redis-server."""
 
 import asyncio
 import contextlib
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -81,6 +82,25 @@ async def test_cancel_of_a_queued_run_ends_it_unstarted(server: Server) -> None:
         await alice.send({"type": "ping", "ts": 1})
         await alice.recv_until("pong")
         assert not of_run(alice.events, "b-2", "run.started")
+
+
+async def test_a_queued_run_shows_its_workflows_mode(tmp_path: Path) -> None:
+    """A chat workflow's run queued with the default `mode` was listed as `agent` in
+    `welcome.queued_runs`, then started as `chat`."""
+    config = tmp_path / "cowrite.toml"
+    config.write_text('[[workflows]]\nname = "ask"\ntitle = "Ask"\nmode = "chat"\n')
+    async with running_server(config=config) as srv, joined(srv) as (alice, _), \
+            joined(srv, sub="bob", client_id="b") as (bob, _):
+        await start(alice, WAITS, run_id="a-1")
+        tool_call = await alice.recv_until("tool.call")
+        await start(bob, script({"say": "bob"}), run_id="b-1", workflow="ask",
+                    options={"if_busy": "enqueue"})
+        async with joined(srv, sub="dave", client_id="d") as (_, late):
+            assert [(r["run_id"], r["mode"]) for r in late["queued_runs"]] == [("b-1", "chat")]
+        await answer(alice, tool_call, {"text": "doc"})
+        started = await alice.recv_until(lambda e: e.get("type") == "run.started"
+                                         and e.get("run_id") == "b-1")
+        assert started["mode"] == "chat"
 
 
 async def test_the_queue_is_bounded_and_reject_stays_the_default() -> None:

@@ -32,6 +32,7 @@ from protocol.base import WireModel
 from protocol.client import RunCancel, RunStart
 from protocol.codes import ErrorCode
 from protocol.server import Error, RunError, RunFinished, RunQueued, RunSnapshot
+from server.agent.admission import workflow_of
 from server.agent.environment import RunEnvironment
 from server.agent.queue_edits import judge_waited
 from server.agent.run_state import RunState
@@ -107,8 +108,10 @@ class RunQueueMixin:
         settings, registry = self.env.settings, self.env.registry
         run_id = message.run_id or f"run_{uuid.uuid4().hex[:16]}"
         head = await registry.head(self.document_id)  # edits after it: see queue_edits
+        workflow = workflow_of(message, self.env)  # its mode is the run's (snapshots show it)
         entry = {"run_id": run_id, "user_id": peer.user_id, "client_id": peer.client_id,
-                 "mode": message.mode, "message": message.model_copy(
+                 "mode": workflow.mode if workflow is not None else message.mode,
+                 "message": message.model_copy(
                      update={"run_id": run_id}).to_wire(), "since": [head.epoch, head.last_seq]}
         position = await registry.enqueue_run(self.document_id, entry,
                                               settings.max_queued_runs)

@@ -7,11 +7,10 @@ encoded (`UnloggableEvent`) leaves no trace. The epoch is drawn per document
 log when it is created, so a restarted process, or a document evicted while
 idle, tells resuming clients `epoch_changed`.
 
-Eviction (`COWRITE_MEMORY_IDLE_S`, `COWRITE_MEMORY_MAX_DOCUMENTS`): every
-operation on a document marks it used. A document is *in use* while some
-connection of this process is subscribed to it or it has an active run; an
-in-use document is never evicted. Two rules free the rest, log, history and
-run records together:
+Eviction (`COWRITE_MEMORY_IDLE_S`, `COWRITE_MEMORY_MAX_DOCUMENTS`): every operation on
+a document marks it used. A document is *in use* while some connection of this process
+is subscribed to it or it has an active run; an in-use document is never evicted. Two
+rules free the rest, log, history and run records together:
 - idle: a document not used for `idle_s` seconds is evicted by a sweep that
   runs every `idle_s / 4` seconds (at most every 30 s);
 - count: when more than `max_documents` documents are held, the least
@@ -53,11 +52,10 @@ _Entry = tuple[int, str, str]  # seq, type, frame
 
 
 class _DocumentLog:
-    """One document's events, kept as plain (seq, type, frame) tuples: the
-    garbage collector stops tracking a tuple of numbers and strings after
-    its first pass, so a log of thousands of events adds nothing to the
-    full collections that would otherwise walk every one of them (a
-    `LoggedEvent` is built again for a replay)."""
+    """One document's events, kept as plain (seq, type, frame) tuples: the garbage
+    collector stops tracking a tuple of numbers and strings after its first pass, so a
+    log of thousands of events adds nothing to the full collections that would otherwise
+    walk every one of them (a `LoggedEvent` is built again for a replay)."""
 
     __slots__ = ("epoch", "events", "last_seq")
 
@@ -72,8 +70,8 @@ def now_ms() -> int:
 
 
 def _malloc_trim() -> Callable[[], None]:
-    """glibc's `malloc_trim(0)`, or a no-op elsewhere: after evicting many
-    documents it hands freed heap pages back to the OS, so RSS really falls."""
+    """glibc's `malloc_trim(0)`, or a no-op elsewhere: after evicting many documents it
+    hands freed heap pages back to the OS, so RSS really falls."""
     name = ctypes.util.find_library("c")
     libc = None
     if name:
@@ -211,8 +209,7 @@ class MemoryBackend(MemoryInstances):
         return self.append_encoded(document_id, str(event["type"]), body)
     append_once = append  # no reply to lose: the write id is not needed
 
-    async def append_fenced(self, document_id: str, event: dict[str, Any], write_id: str
-                            ) -> None:
+    async def append_fenced(self, document_id: str, event: dict[str, Any], _: str) -> None:
         await self.append(document_id, event)  # no other instance to take the run over
 
     def append_encoded(self, document_id: str, kind: str, body: bytes) -> LoggedEvent:
