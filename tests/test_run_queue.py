@@ -203,6 +203,67 @@ async def test_the_queue_is_shared_by_two_instances() -> None:
         assert (await bob.recv_until(finished("b-6")))["status"] == "completed"
 
 
+async def test_a_default_start_does_not_jump_the_queue(server: Server) -> None:
+    """Alice prompting again from the same tab superseded her run and started ahead of
+    Bob's, which had been told it was next: one user could hold everyone off."""
+    async with joined(server) as (alice, _), joined(server, sub="bob", client_id="b") as (bob, _):
+        await start(alice, WAITS, run_id="a-1")
+        tool_call = await alice.recv_until("tool.call")
+        await enqueue(bob, script({"say": "bob"}), "b-1")
+        await alice.send({"type": "run.start", "id": "again", "run_id": "a-2",
+                          "prompt": script({"say": "again"}), "tools": []})
+        refused = await alice.recv_until(lambda e: e.get("reply_to") == "again")
+        assert (refused["type"], refused["code"]) == ("error", "document_busy"), refused
+        assert "queued" in refused["message"]
+        await answer(alice, tool_call, {"text": "doc"})  # a-1 goes on: it was not superseded
+        assert (await alice.recv_until(finished("a-1")))["status"] == "completed"
+        assert (await alice.recv_until(finished("b-1")))["status"] == "completed"
+        assert [e["run_id"] for e in alice.events if e.get("type") == "run.started"] == [
+            "a-1", "b-1"]
+
+
+@pytest.mark.redis
+async def test_a_start_after_the_run_seen_ending_on_another_instance_is_not_busy() -> None:
+    """Bob's run ends on one instance; Alice, on the other, saw its `run.finished` and
+    starts hers: it was refused `document_busy` in about half the tries (its owner frees
+    the document only after logging the end)."""
+    async with redis_process() as redis, contextlib.AsyncExitStack() as stack:
+        one = await stack.enter_async_context(running_server(redis_url=redis.url))
+        two = await stack.enter_async_context(running_server(redis_url=redis.url))
+        alice, _ = await stack.enter_async_context(joined(one))
+        bob, _ = await stack.enter_async_context(joined(two, sub="bob", client_id="b"))
+        for n in range(8):
+            await start(bob, script({"say": "short"}), run_id=f"b-{n}", tools=[])
+            await alice.recv_until(finished(f"b-{n}"))
+            await start(alice, script({"say": "mine"}), run_id=f"a-{n}", tools=[])
+            assert (await bob.recv_until(finished(f"a-{n}")))["status"] == "completed"
+
+
+@pytest.mark.redis
+async def test_an_interrupt_from_another_instance_starts_ahead_of_the_queue() -> None:
+    """Carol interrupts Alice's run (owned by the other instance) while Bob's waits: the
+    owner started Bob's queued run in the gap, and Carol, whose interrupt had already
+    ended Alice's run, was refused `document_busy`."""
+    async with redis_process() as redis, contextlib.AsyncExitStack() as stack:
+        one = await stack.enter_async_context(running_server(redis_url=redis.url))
+        two = await stack.enter_async_context(running_server(redis_url=redis.url))
+        alice, _ = await stack.enter_async_context(joined(one))
+        bob, _ = await stack.enter_async_context(joined(one, sub="bob", client_id="b"))
+        carol, _ = await stack.enter_async_context(joined(two, sub="carol", client_id="c"))
+        await start(alice, WAITS, run_id="a-1")
+        await alice.recv_until("tool.call")
+        await enqueue(bob, script({"say": "bob speaks slowly"}, delay_ms=100), "b-1")
+        ack = await start(carol, script({"say": "carol"}), run_id="c-1", tools=[],
+                          options={"if_busy": "interrupt"})
+        assert ack["status"] == "running"
+        ended = await carol.recv_until(finished("a-1"))
+        assert (ended["status"], ended["reason"]) == ("cancelled", "interrupted")
+        for run_id in ("c-1", "b-1"):
+            assert (await carol.recv_until(finished(run_id)))["status"] == "completed"
+        assert [e["run_id"] for e in carol.events if e.get("type") == "run.started"] == [
+            "a-1", "c-1", "b-1"]
+
+
 async def _edit(client: Client, version: int, at: int, insert: int, remove: int = 0) -> None:
     await client.send({"type": "editor.change", "document_version": version, "origin": "user",
                        "changes": [{"from": at, "to": at + remove, "insert": insert}]})

@@ -149,9 +149,12 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
             "user_id": peer.user_id, "message": message.to_wire()})
 
     async def abort(self, run_id: str, status: FinishedStatus, reason: str) -> None:
-        """End the local run `run_id` (asked by another instance)."""
+        """End the local run `run_id` (asked by another instance). After an interrupt the
+        interrupter claims the document next, not this instance's queue (which took it
+        first, and the interrupter was refused); a janitor starts the queue if it does not."""
         driver = self.active
         if driver is not None and driver.run_id == run_id:
+            driver.kicks_queue = reason != "interrupted"
             await driver.submit(End(status, reason))
 
     async def shutdown(self) -> None:
@@ -227,6 +230,9 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
         other = active is not None and (active.state.client_id != peer.client_id
                                         or active.state.user_id != peer.user_id)
         remote = None if active is not None else await self._remote_record()
+        if remote is not None and (remote.get("run_id") in self._seen_ended
+                                   or await self._ending(remote)):
+            remote = None  # it ended (its owner frees it next): `_claim` waits for that
         other = other or (remote is not None and (remote.get("client_id") != peer.client_id
                                                   or remote.get("user_id") != peer.user_id))
         if_busy = message.options.if_busy if message.options else "reject"
@@ -240,6 +246,10 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
             peer.error(ErrorCode.DOCUMENT_BUSY,
                        f"run {holder!r} of another client is active on this document",
                        reply_to=message.id, run_id=holder)
+            return
+        if waiting and if_busy == "reject":  # it started ahead of runs told they were next
+            peer.error(ErrorCode.DOCUMENT_BUSY, "runs are queued on this document: ask with "
+                       "if_busy enqueue (or interrupt)", reply_to=message.id)
             return
         retry_after = await env.registry.take_run_slot(peer.user_id, settings.rate_runs_per_min)
         if retry_after:
@@ -353,8 +363,8 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
                 self.finished.popitem(last=False)
         if self.active is driver:
             self.active = None
-        if driver.state.phase != "new":  # a start that was never announced kicks nothing:
-            self.kick()  # a queued one that failed ends first (run_queue.py)
+        if driver.state.phase != "new" and driver.kicks_queue:  # a start never announced
+            self.kick()  # kicks nothing: a queued one that failed ends first (run_queue.py)
         self._on_idle()
 
     async def _record_elsewhere(self, run_id: str | None = None) -> dict[str, Any] | None:

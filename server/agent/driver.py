@@ -93,6 +93,7 @@ class RunDriver(CommitMixin):
         self._started: asyncio.Future[bool] | None = None
         self.done = asyncio.Event()
         self.last_live_state: RunState | None = None  # the state when the lease went
+        self.kicks_queue = True  # its end starts the document's next queued run
 
     # -- lifetime -------------------------------------------------------------------
     async def start(self, peer: Peer | None, reply_to: str | None,
