@@ -121,27 +121,42 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
         """An `editor.change`: the run decides (section 11); an edit of a run owned by
         another instance goes to its owner, in order (`RunRouter.post_to_run_owner`),
         the run's own too (origin `agent`: its executor may be connected here, not
-        there; dropped, they left its scope behind the text it wrote)."""
-        driver = self.active
-        if not forwarded and driver is not None and not driver.state.finished and \
-                self.env.cluster.has_lane(self.document_id):  # the run moved here while
-            # this instance still forwards edits made before: this one goes behind them
-            self._forward_edit(driver.run_id, peer, message)
-            return
-        if driver is not None and not driver.state.finished and not driver.ending_unlogged:
-            started = time.perf_counter()
-            changes = None if message.changes is None else tuple(
-                (c.from_, c.to, c.insert) for c in message.changes)
-            edited = DocumentEdited(peer.user_id, message.origin, message.document_version,
-                                    message.summary, changes)
-            if await driver.submit(edited):
-                if driver.state.finished:
-                    self.env.metrics.abort_latency.observe(time.perf_counter() - started)
+        there; dropped, they left its scope behind the text it wrote). Asked again when
+        the run came to this instance while its owner was looked up (a takeover): the
+        edit was dropped."""
+        for _ in range(2):
+            driver = self.active
+            if not forwarded and driver is not None and not driver.state.finished and \
+                    self.env.cluster.has_lane(self.document_id):  # the run moved here while
+                # this instance still forwards edits made before, or takes it over (the
+                # previous owner's are replayed first): this one goes behind them
+                self._forward_edit(driver.run_id, peer, message)
                 return
-            await driver.done.wait()  # it ended, or moved to another instance: ask there
-        record = await self._record_elsewhere()
-        if record is not None:
-            self._forward_edit(str(record["run_id"]), peer, message)
+            if driver is not None and not driver.state.finished and \
+                    not driver.ending_unlogged:
+                if await self._submit_edit(driver, peer, message):
+                    return
+                await driver.done.wait()  # it ended, or moved to another instance: ask there
+            record = await self._record_elsewhere()
+            if record is not None:
+                self._forward_edit(str(record["run_id"]), peer, message)
+                return
+            if self.active is driver:  # no run to tell (or the backend is away)
+                return
+
+    async def _submit_edit(self, driver: RunDriver, peer: Peer, message: EditorChange
+                           ) -> bool:
+        """Whether the local run dealt with the edit (False: it ended or moved on first)."""
+        started = time.perf_counter()
+        changes = None if message.changes is None else tuple(
+            (c.from_, c.to, c.insert) for c in message.changes)
+        edited = DocumentEdited(peer.user_id, message.origin, message.document_version,
+                                message.summary, changes)
+        if not await driver.submit(edited):
+            return False
+        if driver.state.finished:
+            self.env.metrics.abort_latency.observe(time.perf_counter() - started)
+        return True
 
     def _forward_edit(self, run_id: str, peer: Peer, message: EditorChange) -> None:
         self.env.cluster.post_to_run_owner(self.document_id, run_id, {

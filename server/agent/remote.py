@@ -13,11 +13,12 @@ pending call gets its `tool.done` and the run its one `run.finished`. A run
 that had ended (its owner died between logging `run.finished` and freeing the
 run) is only freed, with nothing announced.
 
-No message about a run is lost to a takeover: it is sent to the instance that
-holds the run's lease at that instant (one atomic step), an instance that let
-the run go waits for the next holder before passing it on, and the next owner
-acts on what the previous one left unread in its inbox (each message is
-claimed once, by whoever acts on it). A draining instance takes over nothing.
+No message about a run is lost to a takeover, nor reordered: it goes to the
+holder of the run's lease at that instant (one atomic step; while nobody holds
+it, the sender waits for the next, `lanes.py`); an instance that let the run go
+leaves it unread; the next owner acts on what the previous one left unread
+(each message claimed once, by whoever acts on it) before what it is sent
+directly (`_held`). A draining instance takes over nothing.
 """
 
 import asyncio
@@ -28,13 +29,12 @@ from typing import Any
 
 from protocol.base import WireModel
 from protocol.client import EditorChange
-from protocol.codes import ErrorCode
 from protocol.parsing import ParseFailure, validate_message
+from server.agent.lanes import STOP_WAIT_S, Lanes
 from server.agent.machine import RunMachine
 from server.agent.remote_peer import RemotePeer
-from server.agent.run_state import orphan_state
-from server.agent.steps import End, Publish, Release
-from server.agent.takeover import let_go_if_ended
+from server.agent.run_state import TERMINAL
+from server.agent.takeover import end_orphan, let_go_if_ended
 from server.agent.work import now_ms
 from server.backends.base import Backend, BackendUnavailable, cancel_requested
 from server.connection import Peer
@@ -43,14 +43,14 @@ from server.session_hub import SessionHub
 
 logger = logging.getLogger("cowrite.remote")
 TAKEOVER_SLACK_S = 2.0  # a lapsed lease is taken over within a janitor tick of lapsing
-# How long a message waits for a run's next owner. A takeover takes a lease and a
-# janitor tick, but on a starved machine (every process on one core, a new instance
-# importing) it took longer than 3 s in the rolling-restart test: giving up then
-# made the client answer twice or, if it does not retry, time the call out.
-DELIVERY_WAIT_LEASES, DELIVERY_WAIT_SLACK_S = 3, 10.0
-TAKEOVER_POLL_S = 0.05
-STOP_WAIT_S = 2.0
-_Queued = tuple[str, dict[str, Any], Peer | None]  # run id, message, who waits for an answer
+LET_GO_POLL_S = 0.02
+_Entry = tuple[str, dict[str, Any]]  # an inbox entry: its id, the message
+
+
+def _about(message: dict[str, Any]) -> tuple[str, str]:
+    """The document and the run an inbox message is about ("" when none)."""
+    run_id = message.get("run_id") or (message.get("message") or {}).get("run_id")
+    return str(message.get("document_id", "")), str(run_id or "")
 
 
 def _answers_a_call(message: dict[str, Any]) -> bool:
@@ -58,9 +58,9 @@ def _answers_a_call(message: dict[str, Any]) -> bool:
     the instance driving its run, so an owner killed while applying it leaves it for the
     next owner's replay (taken first, it was lost, and the call timed out). Applied twice
     it is harmless: the run answers a repeat as a duplicate. An instance that no longer
-    drives the run takes it first (a stalled owner woke to an answer its successor had
-    replayed and applied, and sent the client a second reply). Other messages are taken
-    first (an edit applied twice would move the run's scope twice)."""
+    drives the run leaves it (`_moved_on`) or takes it first (a stalled owner woke to an
+    answer its successor had replayed and applied, and sent the client a second reply).
+    Other messages are taken first (an edit applied twice would move a scope twice)."""
     inner = message.get("message")
     return message.get("kind") == "message" and isinstance(inner, dict) and \
         inner.get("type") in ("tool.result", "approval")
@@ -81,9 +81,17 @@ class RunRouter:
         self.draining = False
         self._tasks: list[asyncio.Task[None]] = []
         self._posts: set[asyncio.Task[None]] = set()
-        self._deliveries: set[asyncio.Task[None]] = set()
-        # per document, the messages on their way to its run's owner, in order (`_queue`)
-        self._lanes: dict[str, collections.deque[_Queued]] = {}
+        # per document, the messages on their way to its run's owner, in order
+        self._lanes = Lanes(backend, instance_id, lease_s, lambda document_id, run_id:
+                            self._runs_here(document_id, run_id)
+                            or document_id in self._held)
+        # per document whose run this instance takes over, from its lease to the replay of
+        # its previous owner's leftovers: the inbox entries about it (see `_release`)
+        self._held: dict[str, collections.deque[_Entry]] = {}
+        self._claimed = asyncio.Event()  # clear while the janitor claims lapsed leases
+        self._claimed.set()
+        self._idle = asyncio.Event()  # clear while the inbox loop acts on an entry
+        self._idle.set()
 
     async def start(self) -> None:
         with contextlib.suppress(BackendUnavailable):  # alive before the first janitor tick
@@ -94,8 +102,13 @@ class RunRouter:
     async def begin_drain(self) -> bool:
         """Stop taking runs over and leave the live set (so no other draining instance
         hands its runs to this one); whether another instance lives to take this
-        one's runs (a handoff)."""
-        self.draining = True
+        one's runs (a handoff). The inbox entry being acted on is done first."""
+        self.draining = True  # from now on the inbox loop waits for a run to be let go
+        # Whatever it is in the middle of goes to the run first (`hand_over` comes next):
+        # an edit the run refused as it stopped was passed on, after newer ones.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(STOP_WAIT_S):
+                await self._idle.wait()
         try:
             await self.backend.leave(self.me)
             return any(other != self.me for other in await self.backend.live_instances())
@@ -103,11 +116,13 @@ class RunRouter:
             return False
 
     async def stop(self) -> None:
-        if self._deliveries:  # messages waiting for the next owner of a handed-over run
-            await asyncio.wait(set(self._deliveries), timeout=self.lease_s + TAKEOVER_SLACK_S)
+        # messages waiting for the next owner of a handed-over run: see `Lanes.stop`
+        await self._lanes.stop(self.lease_s + TAKEOVER_SLACK_S)
         with contextlib.suppress(BackendUnavailable):
             await self.backend.leave(self.me)
-        pending = self._tasks + list(self._posts) + list(self._deliveries)
+        if self._posts:  # the answers just given (`unavailable`) to other instances' clients
+            await asyncio.wait(set(self._posts), timeout=STOP_WAIT_S)
+        pending = self._tasks + list(self._posts)
         for task in pending:
             task.cancel()
         # Bounded, whatever a library does with the cancel (see `cancel_requested`):
@@ -132,99 +147,31 @@ class RunRouter:
         background. False, with nothing sent, when the run is not active. Sent after
         the messages about the document this instance is still forwarding (an edit from
         the same connection just before: the run must see it before this answer)."""
-        if document_id in self._lanes:
+        if self.has_lane(document_id):
             record = await self.backend.active_run(document_id)
             if record is None or record.get("run_id") != run_id:
                 return False
-            self._queue(document_id, run_id, message, peer)
+            self._lanes.queue(document_id, run_id, message, peer)
             return True
         sent = await self.backend.send_to_run_owner(document_id, run_id, message,
                                                     not_to=self.me)
         if sent is None:
             return False
         if not sent:  # what is sent next about the document waits for this one
-            self._queue(document_id, run_id, message, peer)
+            self._lanes.queue(document_id, run_id, message, peer)
         return True
-
-    async def _after_takeover(self, document_id: str, run_id: str, message: dict[str, Any],
-                              peer: Peer | None) -> None:
-        """Send `message` once another instance holds the run, or this one runs it."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.lease_s * DELIVERY_WAIT_LEASES + DELIVERY_WAIT_SLACK_S
-        reply_to = (message.get("message") or {}).get("id")
-        while loop.time() < deadline:
-            await asyncio.sleep(TAKEOVER_POLL_S)
-            session = self.hub.sessions.get(document_id)
-            here = session is not None and session.runs.busy  # a takeover by this instance
-            try:
-                sent = await self.backend.send_to_run_owner(document_id, run_id, message,
-                                                            not_to="" if here else self.me)
-            except BackendUnavailable:
-                continue
-            if sent is None:
-                if peer is not None:
-                    peer.error(ErrorCode.RUN_NOT_ACTIVE, f"run {run_id!r} has finished",
-                               reply_to=reply_to, run_id=run_id)
-                return
-            if sent:
-                return
-        if peer is not None:
-            peer.error(ErrorCode.UNAVAILABLE, "the run is moving to another instance; "
-                       "retry shortly", reply_to=reply_to, run_id=run_id, retry_after_ms=1000)
 
     def has_lane(self, document_id: str) -> bool:
         """Whether messages about the document are still on their way from this instance
-        (`_queue`): a message for a run that now runs here goes behind them."""
-        return document_id in self._lanes
+        (`Lanes`), or this instance is taking its run over (`_held`): a message for a run
+        that runs here goes behind them, through this instance's own inbox."""
+        return self._lanes.has(document_id) or document_id in self._held
 
     def post_to_run_owner(self, document_id: str, run_id: str, message: dict[str, Any]
                           ) -> None:
         """`to_run_owner` without waiting (an edit: nobody to answer), after whatever this
-        instance forwarded about the document before (`_queue`)."""
-        self._queue(document_id, run_id, message, None)
-
-    def _queue(self, document_id: str, run_id: str, message: dict[str, Any],
-               peer: Peer | None) -> None:
-        """Send `message` after the document's messages still on their way, in order. A
-        change list is in the coordinates the previous edit left: sent by one task each,
-        edits raced on the Redis pool and reached the owner out of order, which judged
-        an edit nowhere near the run's scope as touching it and aborted the run."""
-        lane = self._lanes.get(document_id)
-        if lane is None:
-            lane = self._lanes[document_id] = collections.deque()
-            task = asyncio.get_running_loop().create_task(self._send_lane(document_id, lane))
-            self._deliveries.add(task)  # `stop` waits for them as for any delivery
-            task.add_done_callback(self._deliveries.discard)
-        lane.append((run_id, message, peer))
-
-    async def _send_lane(self, document_id: str, lane: collections.deque[_Queued]) -> None:
-        """One task per document with messages queued: each is sent once the one before it
-        is (through a takeover too: then the next owner gets them, in order)."""
-        try:
-            while lane:
-                try:
-                    await self._send_queued(document_id, *lane[0])
-                except Exception:
-                    logger.exception("forwarding a message to a run's owner failed",
-                                     extra={"document_id": document_id})
-                lane.popleft()
-        finally:  # no wait since the last `while lane`: nothing was queued in between
-            if self._lanes.get(document_id) is lane:
-                del self._lanes[document_id]
-
-    async def _send_queued(self, document_id: str, run_id: str, message: dict[str, Any],
-                           peer: Peer | None) -> None:
-        here = self._runs_here(document_id, run_id)  # taken over meanwhile: to itself
-        try:  # (its own inbox, behind what it was sent before; polled, it lagged live input)
-            sent = await self.backend.send_to_run_owner(document_id, run_id, message,
-                                                        not_to="" if here else self.me)
-        except BackendUnavailable:
-            sent = ""  # tried again for as long as a takeover is waited for
-        if sent == "":
-            await self._after_takeover(document_id, run_id, message, peer)
-        elif sent is None and peer is not None:  # it ended while queued
-            peer.error(ErrorCode.RUN_NOT_ACTIVE, f"run {run_id!r} has finished",
-                       reply_to=(message.get("message") or {}).get("id"), run_id=run_id)
+        instance forwarded about the document before (`Lanes.queue`)."""
+        self._lanes.queue(document_id, run_id, message, None)
 
     def post(self, instance_id: str, message: dict[str, Any]) -> None:
         """Send without waiting (replies are ephemeral; a lost one is retried by the client)."""
@@ -239,18 +186,79 @@ class RunRouter:
     async def _inbox_loop(self) -> None:
         async for entry_id, message in self.backend.inbox(self.me):
             try:
-                if message.get("kind") == "reply":
-                    await self._dispatch(message)
-                elif _answers_a_call(message) and self._runs_here(
-                        str(message.get("document_id", "")), str(message["message"]["run_id"])):
-                    # unless a successor replayed it while this instance was stalled (it
-                    # read the entry, then stopped)
-                    if await self._unread(entry_id):
-                        await self._act(self.me, entry_id, message, applied_first=True)
-                else:
-                    await self._act(self.me, entry_id, message, applied_first=False)
+                await self._on_entry(entry_id, message)
             except Exception:
                 logger.exception("inbox message failed: %s", message.get("kind"))
+            finally:
+                self._lanes.handled(message)
+
+    async def _on_entry(self, entry_id: str, message: dict[str, Any]) -> None:
+        """One entry of this instance's inbox, in order. About a run being taken over here:
+        held until the previous owner's leftovers are replayed. About a run this
+        instance no longer drives (draining: once it is handed over): left for its next
+        owner's replay (taken and passed on, it reached that owner after newer messages
+        sent to it directly)."""
+        if message.get("kind") == "reply":
+            await self._dispatch(message)
+            return
+        document_id, run_id = _about(message)
+        here = self._runs_here(document_id, run_id)
+        if not here and not self._claimed.is_set():  # a lease this instance may be
+            await self._claimed.wait()  # taking: the janitor says which (`_held`)
+        held = self._held.get(document_id)
+        if held is not None:
+            held.append((entry_id, message))
+            return
+        if here and self.draining:  # its run is being handed over: wait (a lease at most)
+            for _ in range(int(self.lease_s / LET_GO_POLL_S)):
+                await asyncio.sleep(LET_GO_POLL_S)
+                if not (here := self._runs_here(document_id, run_id)):
+                    break
+        self._idle.clear()  # no wait since the checks: `begin_drain` sees this
+        try:
+            if not here and await self._moved_on(document_id, run_id):
+                return
+            await self._act_on_own(entry_id, message)
+        finally:
+            self._idle.set()
+
+    async def _moved_on(self, document_id: str, run_id: str) -> bool:
+        """Whether a message about `run_id`, which this instance does not drive, is left
+        for the run's next owner: the run is still active, and this instance's inbox is
+        the one its next owner replays (it handed the run over: draining; or it is still
+        named the run's owner, having lost it). A message about a run that has ended is
+        acted on (the sender of a `tool.result` waits for its answer)."""
+        if not run_id:
+            return False
+        try:
+            record = await self.backend.active_run(document_id)
+        except BackendUnavailable:
+            return False  # act rather than leave it (as before)
+        return record is not None and record.get("run_id") == run_id and \
+            record.get("status") not in TERMINAL and \
+            (self.draining or record.get("owner") == self.me)
+
+    async def _act_on_own(self, entry_id: str, message: dict[str, Any]) -> None:
+        """Act on an entry of this instance's inbox once (`_answers_a_call`): an answer
+        unless a successor replayed it while this instance stalled after reading it."""
+        if _answers_a_call(message) and self._runs_here(*_about(message)):
+            if await self._unread(entry_id):
+                await self._act(self.me, entry_id, message, applied_first=True)
+        else:
+            await self._act(self.me, entry_id, message, applied_first=False)
+
+    async def _release(self, document_id: str) -> None:
+        """The takeover of the document's run is done and its leftovers replayed: act on
+        the entries held meanwhile, in order, and stop holding. A new entry is held
+        until the last, since nothing waits between the last check and the end."""
+        held = self._held.get(document_id)
+        while held:
+            entry_id, message = held.popleft()
+            try:
+                await self._act_on_own(entry_id, message)
+            except Exception:
+                logger.exception("inbox message failed: %s", message.get("kind"))
+        self._held.pop(document_id, None)
 
     async def _act(self, inbox: str, entry_id: str, message: dict[str, Any],
                    applied_first: bool) -> None:
@@ -276,14 +284,11 @@ class RunRouter:
             return instance_id == self.me  # one's own inbox: act rather than lose it
 
     async def _replay(self, owner: str, document_id: str, run_id: str) -> None:
-        """Act on the messages about `run_id` that its previous owner left unread."""
-        if owner == self.me:
-            return
+        """Act on the messages about `run_id` that its previous owner (this instance too,
+        which left them while it did not drive the run) left unread, in order."""
         with contextlib.suppress(BackendUnavailable):
             for entry_id, message in await self.backend.unread_messages(owner):
-                about = message.get("run_id") or (message.get("message") or {}).get("run_id")
-                if message.get("kind") == "reply" or message.get("document_id") != \
-                        document_id or about != run_id:
+                if message.get("kind") == "reply" or _about(message) != (document_id, run_id):
                     continue
                 await self._act(owner, entry_id, message, _answers_a_call(message))
 
@@ -324,24 +329,49 @@ class RunRouter:
                 continue
             try:
                 await self.backend.heartbeat(self.me, self.lease_s * 2)
-                for document_id, record in await self.backend.expired_runs(self.me,
-                                                                           self.lease_s):
-                    if not await self._take_over(document_id, record):
-                        await self._end_orphan(document_id, record)
-                    await self._replay(str(record.get("owner")), document_id,
-                                       str(record.get("run_id")))
+                lapsed = await self._claim_lapsed()
             except BackendUnavailable:
                 continue
             except Exception:
-                logger.exception("ending a lost run failed")
+                logger.exception("claiming lapsed runs failed")
+                continue
+            for document_id, record in lapsed:
+                try:
+                    await self._go_on_with(document_id, record)
+                except BackendUnavailable:
+                    pass
+                except Exception:
+                    logger.exception("ending a lost run failed")
+                finally:
+                    await self._release(document_id)
+
+    async def _claim_lapsed(self) -> list[tuple[str, dict[str, Any]]]:
+        """Take the lapsed leases this instance gets (`expired_runs`); what is sent about
+        those runs from now on is held until their takeover is done (`_held`)."""
+        self._claimed.clear()
+        try:
+            lapsed = await self.backend.expired_runs(self.me, self.lease_s)
+            for document_id, _ in lapsed:
+                self._held.setdefault(document_id, collections.deque())
+            return lapsed
+        finally:
+            self._claimed.set()
+
+    async def _go_on_with(self, document_id: str, record: dict[str, Any]) -> None:
+        """A run whose lease this instance claimed: taken over or ended, then what its
+        previous owner left unread is acted on. One this instance drives is left alone:
+        its lease lapsed (Redis was away) and came back to its owner."""
+        run_id = str(record.get("run_id"))
+        if not self._runs_here(document_id, run_id):
+            if not await self._take_over(document_id, record):
+                await self._end_orphan(document_id, record)
+            await self._replay(str(record.get("owner")), document_id, run_id)
 
     async def _take_over(self, document_id: str, record: dict[str, Any]) -> bool:
         """Go on with a run whose owner died, from its checkpoint (section 13); False
         when it has none or is older than the run timeout (then it ends server_lost).
         A run whose end its owner logged before dying is only freed (nothing announced:
         it used to come back, `run.resumed`, and end twice)."""
-        if self._runs_here(document_id, str(record.get("run_id"))):
-            return True  # its lease lapsed (Redis was away) and came back to its owner
         if await let_go_if_ended(self.backend, self.me, document_id, record):
             await self._start_queued(document_id)
             return True
@@ -367,24 +397,8 @@ class RunRouter:
         return session is not None and session.runs.drives(run_id)
 
     async def _end_orphan(self, document_id: str, record: dict[str, Any]) -> None:
-        state = orphan_state(document_id, record)
-        logger.warning("run %s lost its owner %s", state.run_id, record.get("owner"),
-                       extra={"document_id": document_id, "run_id": state.run_id})
-        decision = self.machine.decide(state, End("aborted", "server_lost"))
-        logged = 0  # write ids the same at every tick: a janitor that failed halfway and
-        for effect in decision.effects:  # tries again logs nothing twice
-            if isinstance(effect, Publish):
-                for event in effect.events:
-                    logged += 1
-                    await self.backend.append_once(document_id, event.to_wire(),
-                                                   f"orphan:{state.run_id}:{logged}")
-            elif isinstance(effect, Release):
-                final = decision.state
-                await self.backend.put_run_record(document_id, final.run_id, {
-                    "status": final.status, "user_id": final.user_id,
-                    "client_id": final.client_id})
-                self.metrics.runs.labels(effect.status).inc()
-        await self.backend.release_run(document_id, state.run_id, self.me)
+        await end_orphan(self.backend, self.machine, self.metrics, self.me, document_id,
+                         record)
         await self._start_queued(document_id)
 
     async def _start_queued(self, document_id: str) -> None:

@@ -6,7 +6,8 @@ holds the lease of a run whose owner is gone; the run machine's resume rules
 (`server/agent/resume.py`) decide what happens next. Before that, the janitor
 calls `let_go_if_ended`, which frees a run that had already ended (its owner
 died after logging `run.finished`, before it freed the run): nothing is
-announced, the run is not brought back. `hand_over` is the
+announced, the run is not brought back. A run that cannot be taken over ends
+`server_lost` (`end_orphan`). `hand_over` is the
 draining owner's half: the run stops here without ending, its last state is
 left as the checkpoint, and its lease lapses at once.
 """
@@ -22,10 +23,12 @@ from server.agent.checkpoint import to_checkpoint
 from server.agent.checkpoint_parts import join_checkpoint
 from server.agent.driver import RunDriver
 from server.agent.environment import RunEnvironment
-from server.agent.run_state import TERMINAL, RunState
-from server.agent.steps import LeaseLost, Resume
+from server.agent.machine import RunMachine
+from server.agent.run_state import TERMINAL, RunState, orphan_state
+from server.agent.steps import End, LeaseLost, Publish, Release, Resume
 from server.agent.work import now_ms
-from server.backends.base import BackendUnavailable, RunRegistry, run_ended_in_log
+from server.backends.base import Backend, BackendUnavailable, RunRegistry, run_ended_in_log
+from server.observability import Metrics
 from server.ports import EventLog, LocalPresence
 
 logger = logging.getLogger("cowrite.agent")
@@ -61,6 +64,32 @@ async def let_go_if_ended(registry: RunRegistry, instance_id: str, document_id: 
             "client_id": record.get("client_id")})
     await registry.release_run(document_id, run_id, instance_id)
     return True
+
+
+async def end_orphan(backend: Backend, machine: RunMachine, metrics: Metrics,
+                     instance_id: str, document_id: str, record: dict[str, Any]) -> None:
+    """End a run that cannot be taken over (`instance_id` holds its lapsed lease) through
+    the run machine, as any other ending: `aborted`/`server_lost`, its pending call's
+    `tool.done` and its one `run.finished`, then free the document."""
+    state = orphan_state(document_id, record)
+    logging.getLogger("cowrite.remote").warning(  # where it was logged before
+        "run %s lost its owner %s", state.run_id, record.get("owner"),
+        extra={"document_id": document_id, "run_id": state.run_id})
+    decision = machine.decide(state, End("aborted", "server_lost"))
+    logged = 0  # write ids the same at every tick: a janitor that failed halfway and
+    for effect in decision.effects:  # tries again logs nothing twice
+        if isinstance(effect, Publish):
+            for event in effect.events:
+                logged += 1
+                await backend.append_once(document_id, event.to_wire(),
+                                          f"orphan:{state.run_id}:{logged}")
+        elif isinstance(effect, Release):
+            final = decision.state
+            await backend.put_run_record(document_id, final.run_id, {
+                "status": final.status, "user_id": final.user_id,
+                "client_id": final.client_id})
+            metrics.runs.labels(effect.status).inc()
+    await backend.release_run(document_id, state.run_id, instance_id)
 
 
 class TakeoverMixin:
