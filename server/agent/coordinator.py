@@ -29,6 +29,7 @@ from protocol.client import (
 from protocol.codes import ErrorCode
 from protocol.server import FinishedStatus, RunSnapshot
 from server.agent.admission import first_state, refusal, toolbox_for
+from server.agent.claim import RELEASE_WAIT_S, claim_document, run_ending
 from server.agent.client_inputs import client_input
 from server.agent.driver import RunDriver
 from server.agent.environment import RunEnvironment
@@ -47,8 +48,6 @@ from server.ports import EventLog, LocalPresence
 
 logger = logging.getLogger("cowrite.agent")
 FINISHED_RUNS_KEPT = 256
-SUPERSEDE_WAIT_S = 3.0
-RELEASE_WAIT_S = 1.0
 
 
 class RunCoordinator(RunQueueMixin, TakeoverMixin):
@@ -246,7 +245,7 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
                                         or active.state.user_id != peer.user_id)
         remote = None if active is not None else await self._remote_record()
         if remote is not None and (remote.get("run_id") in self._seen_ended
-                                   or await self._ending(remote)):
+                                   or await run_ending(env.registry, self.document_id, remote)):
             remote = None  # it ended (its owner frees it next): `_claim` waits for that
         other = other or (remote is not None and (remote.get("client_id") != peer.client_id
                                                   or remote.get("user_id") != peer.user_id))
@@ -292,7 +291,8 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
                              extra={"document_id": self.document_id})
             peer.error(ErrorCode.INTERNAL, f"internal error (ref {ref})", reply_to=message.id)
             return
-        holder = await self._claim(state, peer, interrupting=other and if_busy == "interrupt")
+        holder = await claim_document(self.env, self.document_id, state, peer,
+                                      interrupting=other and if_busy == "interrupt")
         if holder is not None:
             peer.error(ErrorCode.DOCUMENT_BUSY,
                        f"run {holder.get('run_id')!r} of another client is active on this "
@@ -313,44 +313,6 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
         state = first_state(message, self.env, peer.user_id, peer.client_id, earlier,
                             self.local.has_client(peer.user_id, peer.client_id))
         return state.evolve(document_id=self.document_id)
-
-    async def _claim(self, state: RunState, peer: Peer, interrupting: bool = False
-                     ) -> dict[str, Any] | None:
-        """Hold the document for `state`; the holder's record if someone else does."""
-        registry, lease = self.env.registry, self.env.settings.run_lease_s
-        record = state.to_record(self.env.instance_id)
-        holder = await registry.claim_run(self.document_id, record, lease)
-        if holder is not None and (interrupting or await self._ending(holder)):
-            try:  # its run.finished is logged; the release is on its way
-                async with asyncio.timeout(RELEASE_WAIT_S):
-                    while holder is not None and (interrupting or await self._ending(holder)):
-                        await asyncio.sleep(0.02)
-                        holder = await registry.claim_run(self.document_id, record, lease)
-            except TimeoutError:
-                pass
-        if holder is None or holder.get("client_id") != peer.client_id or \
-                holder.get("user_id") != peer.user_id or holder.get("owner") == \
-                self.env.instance_id:
-            return holder
-        # The same client's run on another instance: supersede it there and wait.
-        self.env.cluster.post(str(holder["owner"]), {
-            "kind": "supersede", "document_id": self.document_id, "run_id": holder["run_id"]})
-        try:
-            async with asyncio.timeout(SUPERSEDE_WAIT_S):
-                while holder is not None:
-                    await asyncio.sleep(0.05)
-                    holder = await registry.claim_run(self.document_id, record, lease)
-        except TimeoutError:
-            pass
-        return holder
-
-    async def _ending(self, holder: dict[str, Any]) -> bool:
-        """Whether the run holding the document has already ended (its record says so)."""
-        if holder.get("status") in TERMINAL:  # written with its `run.finished`
-            return True
-        record = await self.env.registry.get_run_record(self.document_id,
-                                                        str(holder.get("run_id")))
-        return record is not None and record.get("status") in TERMINAL
 
     async def _launch(self, state: RunState, peer: Peer, message: RunStart) -> bool:
         """Announce and run `state`; False when nothing could be announced (the claim is

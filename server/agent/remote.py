@@ -4,14 +4,8 @@ The instance running a run's agent loop owns it and renews a lease. A
 message about that run arriving elsewhere is forwarded to the owner's inbox
 (a Redis stream: durable, ordered), handled there as if its sender were
 local (`RemotePeer`), and the owner's `ack`/`error` travel back through the
-sender's instance inbox. Every instance also runs a janitor: a run whose
-lease lapsed (its owner died, or handed it over while draining) is taken by
-exactly one survivor, which continues it from its checkpoint (section 13) or,
-when it has none or is older than the run timeout, ends it through the same
-run machine as any other ending (`End` aborted / `server_lost`), so the
-pending call gets its `tool.done` and the run its one `run.finished`. A run
-that had ended (its owner died between logging `run.finished` and freeing the
-run) is only freed, with nothing announced.
+sender's instance inbox. Every instance also runs a janitor (`janitor.py`):
+it takes over runs whose lease lapsed and starts queues nobody starts.
 
 No message about a run is lost to a takeover, nor reordered: it goes to the
 holder of the run's lease at that instant (one atomic step; while nobody holds
@@ -30,13 +24,12 @@ from typing import Any
 from protocol.base import WireModel
 from protocol.client import EditorChange
 from protocol.parsing import ParseFailure, validate_message
+from server.agent.janitor import JanitorMixin
 from server.agent.lanes import STOP_WAIT_S, Lanes
 from server.agent.machine import RunMachine
 from server.agent.remote_peer import RemotePeer
 from server.agent.run_state import TERMINAL
-from server.agent.takeover import end_orphan, let_go_if_ended
-from server.agent.work import now_ms
-from server.backends.base import Backend, BackendUnavailable, cancel_requested
+from server.backends.base import Backend, BackendUnavailable
 from server.connection import Peer
 from server.observability import Metrics
 from server.session_hub import SessionHub
@@ -66,7 +59,7 @@ def _answers_a_call(message: dict[str, Any]) -> bool:
         inner.get("type") in ("tool.result", "approval")
 
 
-class RunRouter:
+class RunRouter(JanitorMixin):
     def __init__(self, backend: Backend, hub: SessionHub, machine: RunMachine, metrics: Metrics,
                  instance_id: str, lease_s: float, run_timeout_s: float = 600.0,
                  durable: bool = True) -> None:
@@ -321,89 +314,9 @@ class RunRouter:
         finally:
             hub.release(session)
 
-    async def _janitor_loop(self) -> None:
-        interval = max(0.05, self.lease_s / 4)
-        while not cancel_requested():
-            await asyncio.sleep(interval)
-            if self.draining:  # its runs go to others; it takes none of theirs
-                continue
-            try:
-                await self.backend.heartbeat(self.me, self.lease_s * 2)
-                lapsed = await self._claim_lapsed()
-            except BackendUnavailable:
-                continue
-            except Exception:
-                logger.exception("claiming lapsed runs failed")
-                continue
-            for document_id, record in lapsed:
-                try:
-                    await self._go_on_with(document_id, record)
-                except BackendUnavailable:
-                    pass
-                except Exception:
-                    logger.exception("ending a lost run failed")
-                finally:
-                    await self._release(document_id)
-
-    async def _claim_lapsed(self) -> list[tuple[str, dict[str, Any]]]:
-        """Take the lapsed leases this instance gets (`expired_runs`); what is sent about
-        those runs from now on is held until their takeover is done (`_held`)."""
-        self._claimed.clear()
-        try:
-            lapsed = await self.backend.expired_runs(self.me, self.lease_s)
-            for document_id, _ in lapsed:
-                self._held.setdefault(document_id, collections.deque())
-            return lapsed
-        finally:
-            self._claimed.set()
-
-    async def _go_on_with(self, document_id: str, record: dict[str, Any]) -> None:
-        """A run whose lease this instance claimed: taken over or ended, then what its
-        previous owner left unread is acted on. One this instance drives is left alone:
-        its lease lapsed (Redis was away) and came back to its owner."""
-        run_id = str(record.get("run_id"))
-        if not self._runs_here(document_id, run_id):
-            if not await self._take_over(document_id, record):
-                await self._end_orphan(document_id, record)
-            await self._replay(str(record.get("owner")), document_id, run_id)
-
-    async def _take_over(self, document_id: str, record: dict[str, Any]) -> bool:
-        """Go on with a run whose owner died, from its checkpoint (section 13); False
-        when it has none or is older than the run timeout (then it ends server_lost).
-        A run whose end its owner logged before dying is only freed (nothing announced:
-        it used to come back, `run.resumed`, and end twice)."""
-        if await let_go_if_ended(self.backend, self.me, document_id, record):
-            await self._start_queued(document_id)
-            return True
-        checkpoint = record.get("checkpoint") or {}
-        started = int(checkpoint.get("started_ms") or 0)
-        if not self.durable or not started or now_ms() - started > self.run_timeout_s * 1000:
-            return False
-        session = self.hub.get(document_id)
-        try:
-            return await session.runs.adopt(record, "handoff" if record.get("handoff")
-                                            else "owner_lost")
-        except Exception:
-            logger.exception("taking over run %s failed", record.get("run_id"))
-            return False
-        finally:
-            self.hub.release(session)
-
     def _runs_here(self, document_id: str, run_id: str) -> bool:
         """Whether this instance drives `run_id` now. After an outage longer than a lease,
         this instance's own janitor finds its live runs' leases lapsed; taking one "over"
         found the coordinator busy and ended the run (`server_lost`) under its own driver."""
         session = self.hub.sessions.get(document_id)
         return session is not None and session.runs.drives(run_id)
-
-    async def _end_orphan(self, document_id: str, record: dict[str, Any]) -> None:
-        await end_orphan(self.backend, self.machine, self.metrics, self.me, document_id,
-                         record)
-        await self._start_queued(document_id)
-
-    async def _start_queued(self, document_id: str) -> None:
-        session = self.hub.get(document_id)  # its queued runs may start now
-        try:
-            await session.runs.start_queued()
-        finally:
-            self.hub.release(session)

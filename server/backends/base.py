@@ -189,6 +189,12 @@ class RunRegistry(Protocol):
         """Take the queued run `run_id` out of the queue (None if it is not there)."""
         ...
 
+    async def stalled_queues(self, recheck_s: float) -> list[str]:
+        """Documents with runs queued and no active run (a few at a time; each is looked
+        at again `recheck_s` later): their queue waits for nobody, a janitor starts it.
+        An in-process backend has none (the process that ended the run starts it)."""
+        ...
+
     async def is_present(self, document_id: str, user_id: str, client_id: str) -> bool:
         """Whether a connection of the client is open on some live instance. False means
         gone: a shared backend answers True for a while after it reached its store again

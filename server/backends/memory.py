@@ -70,8 +70,7 @@ def now_ms() -> int:
 
 
 def _malloc_trim() -> Callable[[], None]:
-    """glibc's `malloc_trim(0)`, or a no-op elsewhere: after evicting many documents it
-    hands freed heap pages back to the OS, so RSS really falls."""
+    """glibc's `malloc_trim(0)` (a no-op elsewhere): RSS really falls after evictions."""
     name = ctypes.util.find_library("c")
     libc = None
     if name:

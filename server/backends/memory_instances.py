@@ -28,6 +28,9 @@ class MemoryInstances:
     async def hand_off_run(self, document_id: str, record: dict[str, Any]) -> bool:
         return False  # nobody to hand it to
 
+    async def stalled_queues(self, recheck_s: float) -> list[str]:
+        return []  # one process: the one that ended a run starts the next
+
     async def expired_runs(self, claimer: str, lease_s: float = 10.0
                            ) -> list[tuple[str, dict[str, Any]]]:
         return []
