@@ -203,23 +203,22 @@ async def test_the_queue_is_shared_by_two_instances() -> None:
         assert (await bob.recv_until(finished("b-6")))["status"] == "completed"
 
 
-async def test_a_default_start_does_not_jump_the_queue(server: Server) -> None:
-    """Alice prompting again from the same tab superseded her run and started ahead of
-    Bob's, which had been told it was next: one user could hold everyone off."""
+async def test_a_start_from_the_tab_whose_run_is_active_takes_that_runs_place(
+        server: Server) -> None:
+    """Section 6: the same client's `run.start` supersedes its active run, queued runs
+    or not; the new run takes the old one's place, not one ahead of the queue's."""
     async with joined(server) as (alice, _), joined(server, sub="bob", client_id="b") as (bob, _):
         await start(alice, WAITS, run_id="a-1")
-        tool_call = await alice.recv_until("tool.call")
+        await alice.recv_until("tool.call")
         await enqueue(bob, script({"say": "bob"}), "b-1")
-        await alice.send({"type": "run.start", "id": "again", "run_id": "a-2",
-                          "prompt": script({"say": "again"}), "tools": []})
-        refused = await alice.recv_until(lambda e: e.get("reply_to") == "again")
-        assert (refused["type"], refused["code"]) == ("error", "document_busy"), refused
-        assert "queued" in refused["message"]
-        await answer(alice, tool_call, {"text": "doc"})  # a-1 goes on: it was not superseded
-        assert (await alice.recv_until(finished("a-1")))["status"] == "completed"
-        assert (await alice.recv_until(finished("b-1")))["status"] == "completed"
+        again = await start(alice, script({"say": "again"}), run_id="a-2", tools=[])
+        assert again["status"] == "running"
+        ended = await alice.recv_until(finished("a-1"))
+        assert (ended["status"], ended["reason"]) == ("cancelled", "superseded")
+        for run_id in ("a-2", "b-1"):
+            assert (await alice.recv_until(finished(run_id)))["status"] == "completed"
         assert [e["run_id"] for e in alice.events if e.get("type") == "run.started"] == [
-            "a-1", "b-1"]
+            "a-1", "a-2", "b-1"]
 
 
 @pytest.mark.redis

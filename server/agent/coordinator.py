@@ -261,7 +261,9 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
                        f"run {holder!r} of another client is active on this document",
                        reply_to=message.id, run_id=holder)
             return
-        if waiting and if_busy == "reject":  # it started ahead of runs told they were next
+        if waiting and if_busy == "reject" and active is None and remote is None:
+            # the document between a run's end and the queue's next start (or a queue
+            # nobody started, until a janitor does): not a place ahead of runs told "next"
             peer.error(ErrorCode.DOCUMENT_BUSY, "runs are queued on this document: ask with "
                        "if_busy enqueue (or interrupt)", reply_to=message.id)
             return
