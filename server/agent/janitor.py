@@ -137,9 +137,14 @@ class JanitorMixin:
         the next one, but not while it shuts down, nor after it died (the queue waited
         for the next `run.start`; for ever after a lone instance's restart)."""
         try:
-            for document_id in await self.backend.stalled_queues(self.lease_s):
-                await self._start_queued(document_id)
+            stalled = await self.backend.stalled_queues(self.lease_s)
         except BackendUnavailable:
-            pass
-        except Exception:
-            logger.exception("starting a stalled run queue failed")
+            return
+        for document_id in stalled:  # one failing is looked at again later, not the rest
+            try:
+                await self._start_queued(document_id)
+            except BackendUnavailable:
+                pass
+            except Exception:
+                logger.exception("starting a stalled run queue failed",
+                                 extra={"document_id": document_id})
