@@ -12,6 +12,8 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -48,26 +50,39 @@ class Lanes:
         self._here = here
         self._lanes: dict[str, collections.deque[_Queued]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._in_inbox: collections.Counter[str] = collections.Counter()  # see `_send`
+        # per document, the marks of messages sent to this instance's own inbox and not
+        # dealt with yet, with when they were sent (see `_send`)
+        self._in_inbox: dict[str, dict[str, float]] = {}
         self._stopping = False  # `stop`: nothing waits for a takeover any more
         self.parked = self.dropped = 0  # edits: left in this inbox (`_park`), dropped
 
     def has(self, document_id: str) -> bool:
         """Whether messages about the document are on their way from this instance: in a
         lane, or sent by one to this instance's own inbox and not yet dealt with there."""
-        return document_id in self._lanes or self._in_inbox[document_id] > 0
+        if document_id in self._lanes:
+            return True
+        marks = self._in_inbox.get(document_id)
+        if not marks:
+            return False
+        # One not dealt with within a lease was taken by another instance's replay (this
+        # one stalled and lost the run): it will never be, so it holds nothing back.
+        stale = time.monotonic() - self.lease_s
+        for mark in [mark for mark, sent in marks.items() if sent < stale]:
+            del marks[mark]
+        if not marks:
+            del self._in_inbox[document_id]
+        return bool(marks)
 
     def handled(self, message: dict[str, Any]) -> None:
-        """The inbox loop is done with an entry of this instance's own inbox (`_send`)."""
-        if message.get("lane") == self.me:
-            self._count(str(message.get("document_id")), -1)
-
-    def _count(self, document_id: str, change: int) -> None:
-        # -1 first when the inbox loop deals with an entry before its sender counts it
-        # (the lane still has it then); 0 is forgotten
-        self._in_inbox[document_id] += change
-        if not self._in_inbox[document_id]:
-            del self._in_inbox[document_id]
+        """An entry of this instance's own inbox (`_send`) was dealt with (by the inbox
+        loop, or a replay: either may come first, both may come)."""
+        mark = message.get("lane")
+        document_id = str(message.get("document_id"))
+        marks = self._in_inbox.get(document_id)
+        if isinstance(mark, str) and marks is not None:
+            marks.pop(mark, None)
+            if not marks:
+                del self._in_inbox[document_id]
 
     async def _send(self, document_id: str, run_id: str, message: dict[str, Any]
                     ) -> str | None:
@@ -77,11 +92,17 @@ class Lanes:
         there). Such a message is marked and counted until the inbox loop has dealt
         with it (`has`): a local edit goes behind it too."""
         here = self._here(document_id, run_id)
-        sent = await self.backend.send_to_run_owner(
-            document_id, run_id, {**message, "lane": self.me} if here else message,
-            not_to="" if here else self.me)
-        if sent == self.me:
-            self._count(document_id, 1)
+        mark = f"{self.me}:{uuid.uuid4().hex}"
+        if here:  # marked before it is sent: the inbox loop may deal with it first
+            self._in_inbox.setdefault(document_id, {})[mark] = time.monotonic()
+        sent: str | None = ""
+        try:
+            sent = await self.backend.send_to_run_owner(
+                document_id, run_id, {**message, "lane": mark} if here else message,
+                not_to="" if here else self.me)
+        finally:
+            if here and sent != self.me:  # not in this inbox after all
+                self.handled({"lane": mark, "document_id": document_id})
         return sent
 
     def queue(self, document_id: str, run_id: str, message: dict[str, Any],

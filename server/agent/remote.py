@@ -284,6 +284,7 @@ class RunRouter(JanitorMixin):
                 if message.get("kind") == "reply" or _about(message) != (document_id, run_id):
                     continue
                 await self._act(owner, entry_id, message, _answers_a_call(message))
+                self._lanes.handled(message)  # one of its own lanes' (the loop may not see it)
 
     async def _dispatch(self, message: dict[str, Any]) -> None:
         kind, document_id = message.get("kind"), str(message.get("document_id", ""))
