@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -53,9 +53,37 @@ class Served(Protocol):
     def url(self, path: str, scheme: str = "ws") -> str: ...
 
 
+class ServerProcess(Protocol):
+    """What is used of a server's process: an `asyncio.subprocess.Process`, or a child
+    of the tests' zygote (tests/server_zygote.py)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+    def send_signal(self, sig: int, /) -> None: ...
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+# How a "cowrite" server begins, given its environment: a fresh `python -m server`
+# (None), or what the tests put here, a fork of a process that already imported the
+# server (tests/server_zygote.py: the imports are most of a start's 2-3 s).
+COWRITE_STARTER: Callable[[dict[str, str]], Awaitable[ServerProcess]] | None = None
+# Servers on core 0 (see `pin`): the bench's figures compare like with like. The tests
+# turn it off: their two or three instances then share two cores, not one.
+PIN_SERVERS = True
+
+
 @dataclass
 class Proc:
-    process: asyncio.subprocess.Process
+    process: ServerProcess
     port: int
 
     def cpu_s(self) -> float:
@@ -90,11 +118,16 @@ async def server_process(kind: str, **env: str) -> AsyncIterator[Proc]:
               "skewed": "tests.skewed_server"}[kind]
     for attempt in range(START_ATTEMPTS):
         port = free_port()
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", module, env=server_env(port, **env),
-            stdout=subprocess.DEVNULL,
-            stderr=None if os.environ.get("BENCH_SERVER_LOGS") else subprocess.DEVNULL)
-        pin(process.pid, SERVER_CORE)
+        process: ServerProcess
+        if kind == "cowrite" and COWRITE_STARTER is not None:
+            process = await COWRITE_STARTER(server_env(port, **env))
+        else:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", module, env=server_env(port, **env),
+                stdout=subprocess.DEVNULL,
+                stderr=None if os.environ.get("BENCH_SERVER_LOGS") else subprocess.DEVNULL)
+        if PIN_SERVERS:
+            pin(process.pid, SERVER_CORE)
         proc = Proc(process, port)
         try:
             await wait_ready(proc, kind)

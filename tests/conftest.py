@@ -8,7 +8,9 @@ from tests.browser_support import (  # the `browser` and `dev_server` fixtures, 
 )
 from tests.harness import Server, running_server
 
-pytest_plugins = ["tests.hang_report"]  # asyncio task stacks of a test about to time out
+# asyncio task stacks of a test about to time out; `python -m server` instances forked
+# from a process that already imported the server (the imports are most of a start)
+pytest_plugins = ["tests.hang_report", "tests.server_zygote"]
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.harness import free_port
+from tests.harness import QuickStopServer, free_port
 
 
 @dataclass
@@ -144,12 +144,12 @@ async def running_fake_openai() -> AsyncIterator[FakeOpenAI]:
     fake = FakeOpenAI()
     config = uvicorn.Config(fake.app(), host="127.0.0.1", port=fake.port, log_level="warning",
                             lifespan="off")
-    server = uvicorn.Server(config)
+    server = QuickStopServer(config)
     task = asyncio.create_task(server.serve())
     try:
         while not server.started:  # noqa: ASYNC110 - uvicorn exposes a flag, not an event
             await asyncio.sleep(0.01)
         yield fake
     finally:
-        server.should_exit = True
+        server.stop()
         await asyncio.wait_for(task, 10)

@@ -15,6 +15,7 @@ from typing import Any
 
 import jwt
 import orjson
+import uvicorn
 from starlette.applications import Starlette
 from websockets.asyncio.client import ClientConnection, connect
 
@@ -71,14 +72,51 @@ class Server:
         return f"ws://127.0.0.1:{self.settings.port}/v1/documents/{document_id}/ws"
 
 
+class QuickStopServer(uvicorn.Server):
+    """uvicorn's server, stopped without its two fixed waits: its main loop notices
+    `should_exit` only at its next 0.1 s tick, and its shutdown sleeps 0.1 s for the
+    connections it asked to close even when there are none. Together ~0.15 s of every
+    test's teardown, a minute over the suite's few hundred in-process servers. `stop()`
+    wakes the loop at once; a shutdown with connections or requests still open is
+    uvicorn's own, waits included."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._stop = asyncio.Event()
+
+    def stop(self) -> None:
+        self.should_exit = True
+        self._stop.set()
+
+    async def main_loop(self) -> None:
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 1) % 864000
+            with contextlib.suppress(TimeoutError):  # a tick, as uvicorn's, or stop()
+                await asyncio.wait_for(self._stop.wait(), 0.1)
+            should_exit = await self.on_tick(counter)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.server_state.connections or self.server_state.tasks:
+            await super().shutdown(sockets)
+            return
+        for listener in self.servers:  # nothing to ask to close, nothing to wait for
+            listener.close()
+        for sock in sockets or []:
+            sock.close()
+        for listener in self.servers:
+            await listener.wait_closed()
+        if not self.force_exit:
+            await self.lifespan.shutdown()
+
+
 @contextlib.asynccontextmanager
 async def running_server(settings: Settings | None = None, **overrides: Any
                          ) -> AsyncIterator[Server]:
-    import uvicorn
-
     settings = settings or make_settings(**overrides)
     app = create_app(settings)
-    server = uvicorn.Server(uvicorn_config(app, settings))
+    server = QuickStopServer(uvicorn_config(app, settings))
     task = asyncio.create_task(server.serve())
     try:
         while not server.started:
@@ -88,7 +126,7 @@ async def running_server(settings: Settings | None = None, **overrides: Any
             await asyncio.sleep(0.01)
         yield Server(app, settings)
     finally:
-        server.should_exit = True
+        server.stop()
         await asyncio.wait_for(task, 15)
 
 

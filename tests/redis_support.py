@@ -68,6 +68,14 @@ class RedisProcess:
                 await self.process.wait()
         self.process = None
 
+    async def discard(self) -> None:
+        """Kill it: its data is about to be deleted. A SIGTERM waits for the server's next
+        cron tick (up to 100 ms) before it exits; over a hundred Redis tests that adds up."""
+        if self.process is not None and self.process.returncode is None:
+            self.process.kill()
+            await self.process.wait()
+        self.process = None
+
 
 @contextlib.asynccontextmanager
 async def redis_process() -> AsyncIterator[RedisProcess]:
@@ -78,4 +86,4 @@ async def redis_process() -> AsyncIterator[RedisProcess]:
         try:
             yield proc
         finally:
-            await proc.stop()
+            await proc.discard()
