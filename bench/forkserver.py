@@ -39,8 +39,14 @@ def child(env: dict[str, str]) -> None:
     os.environ.update(env)
     code = 1
     try:
+        import uuid
+
+        from server import log_groups
         from server.__main__ import main
 
+        # Drawn at import, so shared by every child of this process: instances on one
+        # Redis then took each other's writes for repeats of their own (`same_write`).
+        log_groups._PROCESS = uuid.uuid4().hex[:10]
         code = main()
     finally:
         os._exit(code)  # the parent's buffers and exit handlers are not the child's
