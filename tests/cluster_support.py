@@ -81,3 +81,27 @@ def last_seq(client: Client, welcome: dict[str, Any]) -> int:
 def ended(run_id: str) -> Any:
     return lambda e: e.get("type") == "run.finished" and e.get("run_id") == run_id
 
+
+def edits_around_scope(count: int, scope_start: int) -> list[tuple[int, int, int]]:
+    """`count` edits (from, to, insert), alternately 10 units inserted at 0 and the unit
+    just before a scope starting at `scope_start` deleted, each in the coordinates the
+    edits before left: none touches the scope, but an insert applied after the delete
+    that follows it deletes a unit of the scope (the run aborts); other swaps, and an
+    edit lost or applied twice, leave the scope elsewhere."""
+    changes, start = [], scope_start
+    for i in range(count):
+        if i % 2 == 0:
+            changes.append((0, 0, 10))
+            start += 10
+        else:
+            changes.append((start - 1, start, 0))
+            start -= 1
+    return changes
+
+
+def scope_after(edits: list[tuple[int, int, int]], scope: tuple[int, int]
+                ) -> list[dict[str, int]]:
+    """Where `edits` (in order, none touching it) leave `scope`."""
+    shift = sum(insert - (to - start) for start, to, insert in edits)
+    return [{"from": scope[0] + shift, "to": scope[1] + shift}]
+

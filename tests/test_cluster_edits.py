@@ -12,7 +12,14 @@ from typing import Any
 
 import pytest
 
-from tests.cluster_support import FAST_LEASE, cluster, join, killed
+from tests.cluster_support import (
+    FAST_LEASE,
+    cluster,
+    edits_around_scope,
+    join,
+    killed,
+    scope_after,
+)
 from tests.harness import Client
 from tests.runs import EDITOR_TOOLS, answer, call, script
 
@@ -23,23 +30,12 @@ EDITS = 24
 
 
 def _edits() -> list[tuple[int, int, int]]:
-    """Alternately 10 units inserted at 0 and one unit deleted just before the run's
-    scope, in the coordinates the edits before left: the scope [200, 210) ends at
-    [320, 330), touched by none of them. Any two applied in the other order hit it."""
-    changes, start = [], 200
-    for i in range(EDITS):
-        if i % 2 == 0:
-            changes.append((0, 0, 10))
-            start += 10
-        else:
-            changes.append((start - 1, start, 0))
-            start -= 1
-    return changes
+    """The scope [200, 210) ends at [320, 330); any two applied in the other order hit it."""
+    return edits_around_scope(EDITS, 200)
 
 
 def _scope_after_edits() -> list[dict[str, int]]:
-    shift = sum(insert - (to - start) for start, to, insert in _edits())
-    return [{"from": 200 + shift, "to": 210 + shift}]
+    return scope_after(_edits(), (200, 210))
 
 
 async def _start(client: Client, run_id: str, scope: list[dict[str, int]],

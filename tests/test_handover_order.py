@@ -15,7 +15,14 @@ from typing import Any
 
 import pytest
 
-from tests.cluster_support import cluster, ended, join, last_seq
+from tests.cluster_support import (
+    cluster,
+    edits_around_scope,
+    ended,
+    join,
+    last_seq,
+    scope_after,
+)
 from tests.runs import EDITOR_TOOLS, answer, call, script
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -32,25 +39,11 @@ TAKEOVER_S = 15
 
 
 def _edits() -> list[tuple[int, int, int]]:
-    """Alternately 10 units inserted at 0 and the unit just before the run's scope
-    deleted, in the coordinates the edits before left: none touches the scope. An insert
-    applied after the delete that follows it deletes a unit of the scope (the run
-    aborts); other swaps, and an edit lost or applied twice, leave the scope elsewhere
-    (and the `run.scope` versions out of order)."""
-    changes, start = [], SCOPE_START
-    for i in range(EDITS):
-        if i % 2 == 0:
-            changes.append((0, 0, 10))
-            start += 10
-        else:
-            changes.append((start - 1, start, 0))
-            start -= 1
-    return changes
+    return edits_around_scope(EDITS, SCOPE_START)
 
 
 def _scope_after_edits() -> list[dict[str, int]]:
-    shift = sum(insert - (to - start) for start, to, insert in _edits())
-    return [{"from": SCOPE_START + shift, "to": SCOPE_START + 10 + shift}]
+    return scope_after(_edits(), (SCOPE_START, SCOPE_START + 10))
 
 
 def _last_scope_or_end(event: dict[str, Any]) -> bool:
