@@ -23,14 +23,20 @@ async def claim_document(env: RunEnvironment, document_id: str, state: RunState,
     record = state.to_record(env.instance_id)
     holder = await registry.claim_run(document_id, record, lease)
     if holder is not None and (interrupting or await run_ending(registry, document_id, holder)):
-        try:  # its run.finished is logged; the release is on its way
-            async with asyncio.timeout(RELEASE_WAIT_S):
-                while holder is not None and (
-                        interrupting or await run_ending(registry, document_id, holder)):
-                    await asyncio.sleep(_POLL_S)
-                    holder = await registry.claim_run(document_id, record, lease)
-        except TimeoutError:
-            pass
+        # its run.finished is logged (or the interrupt is on its way): the release follows.
+        # A run being handed over (SIGTERM) is interrupted by its next owner, once it has
+        # taken it over (a janitor tick) and replayed what the last one left: waited for
+        # (the sender was told `document_busy`, and the run was interrupted after all).
+        loop = asyncio.get_running_loop()
+        deadline, extended = loop.time() + RELEASE_WAIT_S, False
+        while holder is not None and (
+                interrupting or await run_ending(registry, document_id, holder)):
+            if interrupting and holder.get("handoff") and not extended:
+                deadline, extended = loop.time() + lease + RELEASE_WAIT_S, True
+            if loop.time() >= deadline:
+                break
+            await asyncio.sleep(_POLL_S)
+            holder = await registry.claim_run(document_id, record, lease)
     if holder is None or holder.get("client_id") != peer.client_id or \
             holder.get("user_id") != peer.user_id or holder.get("owner") == env.instance_id:
         return holder
