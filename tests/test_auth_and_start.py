@@ -166,14 +166,20 @@ def test_an_empty_public_key_with_redis_still_needs_a_shared_call_key() -> None:
 
 # --- start errors: one line naming the variable --------------------------------------------
 
-def test_a_busy_metrics_port_is_one_line_and_a_free_one_serves() -> None:
+def busy_port_start(variable: str) -> None:
+    """`python -m server` with `variable` naming a port another socket listens on: one
+    line naming the variable, exit 2."""
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         busy = str(holder.getsockname()[1])
-        one_line(launch(COWRITE_JWT_SECRET=SECRET, COWRITE_METRICS_PORT=busy),
-                 "COWRITE_METRICS_PORT: cannot listen on that port of COWRITE_HOST "
+        one_line(launch(COWRITE_JWT_SECRET=SECRET, **{variable: busy}),
+                 f"{variable}: cannot listen on that port of COWRITE_HOST "
                  "(Address already in use)")
+
+
+def test_a_busy_metrics_port_is_one_line_and_a_free_one_serves() -> None:
+    busy_port_start("COWRITE_METRICS_PORT")
     port, metrics_port = free_port(), free_port()
     keep = {k: v for k, v in os.environ.items() if not k.startswith("COWRITE_")}
     env = {**keep, "COWRITE_JWT_SECRET": SECRET, "COWRITE_PORT": str(port),
@@ -195,13 +201,7 @@ def test_a_busy_metrics_port_is_one_line_and_a_free_one_serves() -> None:
 def test_a_busy_port_is_one_line_exit_2() -> None:
     """It was uvicorn's `[Errno 98] error while attempting to bind` and exit 3, after
     the lifespan had started (and stopped) every service."""
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        busy = str(holder.getsockname()[1])
-        one_line(launch(COWRITE_JWT_SECRET=SECRET, COWRITE_PORT=busy),
-                 "COWRITE_PORT: cannot listen on that port of COWRITE_HOST "
-                 "(Address already in use)")
+    busy_port_start("COWRITE_PORT")
 
 
 @pytest.mark.parametrize("url", ["redis://127.0.0.1:s3cret-pass/0", "localhost:6380"])

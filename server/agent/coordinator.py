@@ -246,7 +246,7 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
         remote = None if active is not None else await self._remote_record()
         if remote is not None and (remote.get("run_id") in self._seen_ended
                                    or await run_ending(env.registry, self.document_id, remote)):
-            remote = None  # it ended (its owner frees it next): `_claim` waits for that
+            remote = None  # it ended (its owner frees it next): `claim_document` waits
         other = other or (remote is not None and (remote.get("client_id") != peer.client_id
                                                   or remote.get("user_id") != peer.user_id))
         if_busy = message.options.if_busy if message.options else "reject"

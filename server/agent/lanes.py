@@ -89,10 +89,10 @@ class Lanes:
         """One attempt (`Backend.send_to_run_owner`): to the run's holder or, the run
         taken over by this instance meanwhile, to its own inbox, behind what it was sent
         before (applied at once, an edit overtook the ones the lane had just put
-        there). Such a message is marked and counted until the inbox loop has dealt
+        there). Such a message is marked until the inbox loop (or a replay) has dealt
         with it (`has`): a local edit goes behind it too."""
         here = self._here(document_id, run_id)
-        mark = f"{self.me}:{uuid.uuid4().hex}"
+        mark = f"{self.me}:{uuid.uuid4().hex}" if here else ""
         if here:  # marked before it is sent: the inbox loop may deal with it first
             self._in_inbox.setdefault(document_id, {})[mark] = time.monotonic()
         sent: str | None = ""
