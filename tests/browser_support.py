@@ -107,9 +107,11 @@ async def open_tab(
 
 
 async def shot(page: "Page", name: str, full_page: bool = True) -> Path:
+    """A screenshot artifact. Playwright's default 10 s ran out once on a loaded CI host
+    (a page streaming text mid-run), failing a test whose checks had all passed: 30 s."""
     ARTIFACTS.mkdir(exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
-    await page.screenshot(path=str(path), full_page=full_page)
+    await page.screenshot(path=str(path), full_page=full_page, timeout=30_000)
     return path
 
 
