@@ -98,9 +98,16 @@ export declare function frameTooLarge(text: string, limit: number | undefined):
  * JSON text (JSON.stringify's output) with each escaped lone surrogate (`\ud83d`: half a
  * character, from a string cut at a UTF-16 index) replaced by `\ufffd`, as
  * `String.prototype.toWellFormed` would; the server refuses a frame holding one. `send`
- * applies it to every frame.
+ * applies it to every frame (through `stringifyWellFormed`).
  */
 export declare function wellFormedJson(text: string): string;
+
+/**
+ * `wellFormedJson(JSON.stringify(value))`, what `send` writes: where the engine has
+ * `String.prototype.toWellFormed`, string values holding a lone surrogate are made
+ * well-formed natively (a 4 MiB frame: ~60 ms instead of ~300 ms).
+ */
+export declare function stringifyWellFormed(value: unknown): string;
 
 /** A range `[from, to)` of the document in JavaScript string units (`0 <= from <= to`). */
 export interface ScopeRange {

@@ -17,7 +17,7 @@
 // A replayed tool.call runs only once the replay is in, and only if the resumed
 // welcome's active_run still lists it (it may have timed out or been cancelled while
 // this client was away). Edits reported while the connection is not open are sent
-// after the next welcome; every frame is sent as well-formed Unicode (wellFormedJson).
+// after the next welcome; every frame is sent as well-formed Unicode (stringifyWellFormed).
 //
 // The refused-upgrade rule. A browser cannot see why a WebSocket upgrade
 // failed: an HTTP 404 (a document id the server rejects), a 403 (an Origin it
@@ -122,6 +122,27 @@ export function wellFormedJson(text) {
   if (!text.includes("\\ud")) return text;
   return text.replace(JSON_ESCAPE, (escape, high, low, lone) =>
     (high && !low) || lone ? "\\ufffd" : escape);
+}
+
+/** A JSON.stringify replacer: each string value made well-formed (engines with `toWellFormed`). */
+function wellFormedValue(_key, value) {
+  return typeof value === "string" && !value.isWellFormed() ? value.toWellFormed() : value;
+}
+
+/**
+ * `wellFormedJson(JSON.stringify(value))`, fast for large frames: where the engine has
+ * `String.prototype.toWellFormed` (Node 20, current browsers), a frame holding a lone
+ * surrogate is stringified again with its string values made well-formed natively, and
+ * only what that leaves (a lone surrogate in a key, or text that merely reads "\\ud...")
+ * goes through the escape scan, a callback per escape: ~300 ms for a 4 MiB document of
+ * quoted lines ending in half an emoji, ~60 ms this way (Node 20; the plain stringify: 7).
+ * @param {unknown} value
+ */
+export function stringifyWellFormed(value) {
+  const text = JSON.stringify(value);
+  if (!text.includes("\\ud")) return text;
+  return wellFormedJson(typeof "".toWellFormed === "function"
+    ? JSON.stringify(value, wellFormedValue) : text);
 }
 
 /** Close codes of PROTOCOL.md section 7. */
@@ -342,7 +363,7 @@ export class CowriteClient extends EventTarget {
         : undefined;
     }
     const id = expectReply ? message.id ?? `m${++this.counter}` : undefined;
-    const text = wellFormedJson(JSON.stringify(expectReply ? { ...message, id } : message));
+    const text = stringifyWellFormed(expectReply ? { ...message, id } : message);
     const tooLarge = frameTooLarge(text, this.welcome?.limits?.max_message_bytes);
     if (tooLarge && expectReply) return Promise.reject(tooLarge);
     if (tooLarge) throw tooLarge; // sent, it would close the connection for good (1009)

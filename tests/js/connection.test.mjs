@@ -410,6 +410,20 @@ test("a result holding half an emoji is sent well-formed (U+FFFD), as the server
     '["😀","\\ufffdx"]');
 });
 
+test("stringifyWellFormed: the same JSON as wellFormedJson's scan, values, keys and look-alike text", () => {
+  const half = "😀".slice(0, 1);
+  const value = { text: `${"line \"q\"\n".repeat(2000)}Hi ${half}`, whole: "ok 😀", low: "😀".slice(1),
+                  path: "C:\\ud83d", [`k${half}`]: [half, 1, null], nested: { deep: [`${half}x`] } };
+  const fast = api.stringifyWellFormed(value);
+  const scanned = api.wellFormedJson(JSON.stringify(value));
+  assert.deepEqual(JSON.parse(fast), JSON.parse(scanned));
+  assert.equal(JSON.parse(fast).text.at(-1), "\uFFFD");
+  assert.equal(JSON.parse(fast).path, "C:\\ud83d");
+  assert.ok(!/(^|[^\\])(\\\\)*\\ud[89a-f]/i.test(fast), "no escaped lone surrogate left");
+  assert.ok(fast.isWellFormed());
+  assert.equal(api.stringifyWellFormed({ a: "plain" }), '{"a":"plain"}');
+});
+
 // -- 7. state events and the clock ------------------------------------------------------------
 
 test("one reconnecting state per retry, one closed state per close; tool.executed ms from `now`", async () => {
