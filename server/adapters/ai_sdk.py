@@ -16,7 +16,9 @@ answers the chat's pending client tool call (a tool part in
 `output-available` / `output-error`) or approval (`approval-responded`) and
 streams the rest of the same run; sent again after the run applied it (its
 first request failed), it streams that rest once more if it never reached the
-frontend (delivery.py). The chunk mapping is in `ai_sdk_chunks`.
+frontend (delivery.py). The chunk mapping is in `ai_sdk_chunks`; its
+`reset-step` (a handed-over run's interrupted text taken back) reaches an SSE
+frontend only when it says it runs `ai` 7 (`RESETS_HEADER`).
 """
 
 import re
