@@ -9,11 +9,12 @@ from tests.harness import token
 
 
 async def sse(http: httpx.AsyncClient, method: str, url: str, body: Any = None,
-              sub: str = "alice") -> tuple[int, list[Any]]:
+              sub: str = "alice", headers: dict[str, str] | None = None
+              ) -> tuple[int, list[Any]]:
     """(status, the `data:` items: JSON values, and "[DONE]" as is); on an error
-    status, the error body as the one item."""
+    status, the error body as the one item. `headers` are sent besides the token."""
     items: list[Any] = []
-    headers = {"Authorization": f"Bearer {token(sub)}"}
+    headers = {"Authorization": f"Bearer {token(sub)}", **(headers or {})}
     async with http.stream(method, url, headers=headers, json=body, timeout=15) as response:
         if response.status_code != 200:
             await response.aread()

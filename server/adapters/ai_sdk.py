@@ -16,7 +16,9 @@ answers the chat's pending client tool call (a tool part in
 `output-available` / `output-error`) or approval (`approval-responded`) and
 streams the rest of the same run; sent again after the run applied it (its
 first request failed), it streams that rest once more if it never reached the
-frontend (delivery.py). The chunk mapping is in `ai_sdk_chunks`.
+frontend (delivery.py). The chunk mapping is in `ai_sdk_chunks`; its
+`reset-step` (a handed-over run's interrupted text taken back) reaches an SSE
+frontend only when it says it runs `ai` 7 (`RESETS_HEADER`).
 """
 
 import re
@@ -38,6 +40,7 @@ from server.adapters.ai_sdk_chunks import (
     answered_calls,
     asks_again,
     discarded_text,
+    without_resets,
 )
 from server.adapters.chat import ChatRun, ChatRuns
 from server.adapters.chat_run import Kind
@@ -152,14 +155,33 @@ def _applied_in(run: ChatRun[Chunk], message: dict[str, Any]) -> tuple[Kind, str
 
 class Segment(NamedTuple):
     """What a request streams: `run`'s items from `start`, live, or as a replay (no
-    answered call asked again, no discarded text: `replayed`)."""
+    answered call asked again, no discarded text: `replayed`); with `reset-step`
+    chunks only for a frontend that accepts them (`resets`: `ai` 7)."""
 
     run: ChatRun[Chunk]
     start: int
     replay: bool = False
+    resets: bool = False
 
     def chunks(self) -> AsyncIterator[Chunk]:
-        return replayed(self.run, self.start) if self.replay else self.run.follow(self.start)
+        chunks = replayed(self.run, self.start) if self.replay else self.run.follow(self.start)
+        return chunks if self.resets else without_resets(chunks)
+
+    def with_resets(self, resets: bool) -> "Segment":
+        return self._replace(resets=resets)
+
+
+RESETS_HEADER = "x-cowrite-ai-sdk"
+"""The major version of `ai` a `DefaultChatTransport` frontend runs (its `headers`, so
+both the chat request and the reconnect carry it): 7 or later accepts `reset-step`,
+which takes back the text of a model call made again after the run moved to another
+instance (ai_sdk_chunks). Without it, `ai` 5 or 6 is assumed: they fail the chat on a
+chunk type they do not know. The WebSocket transport exists from `ai` 7 only."""
+
+
+def accepts_resets(request: Request) -> bool:
+    version = request.headers.get(RESETS_HEADER, "").strip()
+    return version.isdigit() and int(version) >= 7
 
 
 async def open_segment(services: Services, runs: ChatRuns, document_id: str,
@@ -243,7 +265,7 @@ async def post_chat(request: Request) -> Response:
     except BackendUnavailable:
         return HttpFailure(ErrorCode.UNAVAILABLE, "the shared backend is unavailable; retry "
                            "shortly", retry_after_ms=1000).response()
-    return _stream(segment)
+    return _stream(segment.with_resets(accepts_resets(request)))
 
 
 async def get_chat_stream(request: Request) -> Response:
@@ -265,7 +287,7 @@ async def get_chat_stream(request: Request) -> Response:
                            "shortly", retry_after_ms=1000).response()
     if run is None:
         return Response(status_code=204)
-    return _stream(Segment(run, 0, replay=True))
+    return _stream(Segment(run, 0, replay=True, resets=accepts_resets(request)))
 
 
 async def reconnected(runs: ChatRuns, document_id: str, chat_id: str, principal: Principal

@@ -23,13 +23,17 @@ sent, and the chat sent again, into a 409.
 
 A run that moves to another instance (Redis) makes the model call that was
 streaming again under a new message id, after `message.discarded`: a live
-stream ends the discarded text part (`text-end`; the UI message stream has no
-chunk that removes a part, so its partial text stays above the new one), and
-a replay (a reconnect) leaves the discarded message out (`discarded_text`),
-so the rebuilt message holds the answer once.
+stream ends the discarded text part (`text-end`) and, when that text is all
+its step holds (the model call's step), takes it back with `reset-step` (`ai`
+7: "removes all message parts added during the current step"); the answer then
+streams in the same step, as a replay shows it. `ai` 5 and 6 fail the chat on a
+chunk type they do not know, so `reset-step` only reaches frontends that accept
+it (`without_resets` leaves it out for the others, whose partial text stays
+above the answer). A replay (a reconnect) leaves the discarded message out
+(`discarded_text`), so the rebuilt message holds the answer once.
 """
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import orjson
@@ -59,6 +63,7 @@ class AiSdkTranslator:
         self.dynamic_calls: set[str] = set()  # shown as dynamic parts (static: the rest)
         self.step_open = False
         self.step_has_results = False  # a tool output came in the open step
+        self.step_content: list[str] = []  # text and call ids shown in the open step
 
     def opening(self) -> list[Chunk]:
         # No step state here: a segment's `finish` closed its step, and an instance that
@@ -70,12 +75,13 @@ class AiSdkTranslator:
         if self.step_open and not self.step_has_results:
             return []
         chunks: list[Chunk] = [{"type": "finish-step"}] if self.step_open else []
-        self.step_open, self.step_has_results = True, False
+        self.step_open, self.step_has_results, self.step_content = True, False, []
         return [*chunks, {"type": "start-step"}]
 
     def _finish(self, reason: str) -> list[Chunk]:
         chunks: list[Chunk] = [{"type": "finish-step"}] if self.step_open else []
         self.step_open = self.step_has_results = False
+        self.step_content = []
         return [*chunks, {"type": "finish", "finishReason": reason}]
 
     def _close_texts(self) -> list[Chunk]:
@@ -89,6 +95,7 @@ class AiSdkTranslator:
             if event.message_id not in self.open_texts:
                 self.open_texts.append(event.message_id)
                 chunks += [*self._content(), {"type": "text-start", "id": event.message_id}]
+                self.step_content.append(event.message_id)
             chunks.append({"type": "text-delta", "id": event.message_id, "delta": event.delta})
             return chunks, False
         if isinstance(event, MessageDone):
@@ -97,21 +104,20 @@ class AiSdkTranslator:
                 return [{"type": "text-end", "id": event.message_id}], False
             if not event.text:
                 return [], False
-            return [*self._content(), {"type": "text-start", "id": event.message_id},
-                    {"type": "text-delta", "id": event.message_id, "delta": event.text},
-                    {"type": "text-end", "id": event.message_id}], False
+            chunks = [*self._content(), {"type": "text-start", "id": event.message_id},
+                      {"type": "text-delta", "id": event.message_id, "delta": event.text},
+                      {"type": "text-end", "id": event.message_id}]
+            self.step_content.append(event.message_id)
+            return chunks, False
         if isinstance(event, MessageDiscarded):
-            self.discarded.add(event.message_id)
-            if event.message_id in self.open_texts:
-                self.open_texts.remove(event.message_id)
-                return [{"type": "text-end", "id": event.message_id}], False
-            return [], False
+            return self._discarded(event.message_id), False
         if isinstance(event, ToolCall):
             return self._tool_call(event, ours)
         if isinstance(event, ApprovalRequested):
             chunks = [*self._close_texts(), *self._content(),
                       *self._input(event.call_id, event.name, event.arguments)]
             self.shown_inputs.add(event.call_id)
+            self.step_content.append(event.call_id)
             chunks += [{"type": "tool-approval-request", "approvalId": event.call_id,
                         "toolCallId": event.call_id}, *self._finish("tool-calls")]
             return chunks, True
@@ -123,6 +129,23 @@ class AiSdkTranslator:
         if isinstance(event, RunFinished):
             return self._finished(event), True
         return [], False
+
+    def _discarded(self, message_id: str) -> list[Chunk]:
+        """The discarded message's text part ends; when it is all the open step shows (a
+        model call's text comes first in its step), `reset-step` takes it back. With
+        anything else in the step (a part this adapter never saw begin, after a log
+        reset) the step stays: `reset-step` would take that too."""
+        if message_id in self.discarded:
+            return []
+        self.discarded.add(message_id)
+        chunks: list[Chunk] = []
+        if message_id in self.open_texts:
+            self.open_texts.remove(message_id)
+            chunks.append({"type": "text-end", "id": message_id})
+        if self.step_open and self.step_content == [message_id]:
+            self.step_content = []
+            chunks.append({"type": "reset-step"})
+        return chunks
 
     def lost(self, message: str) -> list[Chunk]:
         """The link was lost mid-segment: the frontend's stream fails (`useChat` shows
@@ -148,6 +171,7 @@ class AiSdkTranslator:
             chunks += [*self._content(),
                        *self._input(event.call_id, event.name, event.arguments, server)]
             self.shown_inputs.add(event.call_id)
+            self.step_content.append(event.call_id)
         available: Chunk = {"type": "tool-input-available", "toolCallId": event.call_id,
                             "toolName": event.name, "input": event.arguments}
         available.update(self._executed(event.call_id))
@@ -200,15 +224,38 @@ TEXT_CHUNKS = frozenset({"text-start", "text-delta", "text-end"})
 
 
 def discarded_text(chunk: Chunk, discarded: set[str], dropping: set[str]) -> bool:
-    """Whether a replay leaves `chunk` out: text of a message in `discarded`. Decided at
-    the message's `text-start` (`dropping` holds the replay's decisions), so a message
-    discarded while a replay streams it is ended there, never cut off unended."""
-    if chunk.get("type") not in TEXT_CHUNKS:
+    """Whether a replay leaves `chunk` out: text of a message in `discarded`, and the
+    `reset-step` that took such text back when the replay left the text out (it
+    would take nothing back). Decided at the message's `text-start` (`dropping`
+    holds the replay's decisions, and "" while a left-out text is the last text),
+    so a message discarded while a replay streams it is ended and taken back there,
+    never cut off unended."""
+    kind = chunk.get("type")
+    if kind == "reset-step":
+        left_out = "" in dropping
+        dropping.discard("")
+        return left_out
+    if kind not in TEXT_CHUNKS:
         return False
     text_id = chunk.get("id")
-    if chunk["type"] == "text-start" and text_id in discarded:
+    if kind == "text-start" and text_id in discarded:
         dropping.add(str(text_id))
-    return text_id in dropping
+    dropping.discard("")
+    if text_id in dropping:
+        dropping.add("")
+        return True
+    return False
+
+
+def without_resets(chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
+    """`chunks` for a frontend that may run `ai` 5 or 6: without `reset-step`."""
+
+    async def filtered() -> AsyncIterator[Chunk]:
+        async for chunk in chunks:
+            if chunk.get("type") != "reset-step":
+                yield chunk
+
+    return filtered()
 
 
 ANSWERED = frozenset({"tool-output-available", "tool-output-error", "tool-output-denied"})

@@ -239,7 +239,7 @@ class _Socket:
                 return
             self.request_runs[request_id] = run
             await self.write({"type": "start", "requestId": request_id})
-            chunks = segment.chunks()
+            chunks = segment.with_resets(True).chunks()  # `ai` 7 (ai_sdk_chunks)
             await self._pump(request_id, chunks, skip)
             await self.write({"type": "end", "requestId": request_id})
         except HttpFailure as failure:

@@ -1,0 +1,127 @@
+"""The text of a run handed over mid-message, as a live AI SDK frontend renders it.
+
+A drain (SIGTERM) of the run's owner hands the run over; the survivor makes the
+model call that was streaming again under a new message id, after
+`message.discarded`. A replay left the discarded text out, but a frontend
+following live showed it twice: the interrupted part, then the whole answer in a
+new part. Now a live stream to `ai` 7 (the WebSocket transport, or an SSE request
+with `x-cowrite-ai-sdk: 7`) takes the interrupted part back with `reset-step`,
+and the real `ai` package's message holds the answer once; a frontend that may be
+`ai` 5 or 6 (an SSE request without the header) never gets `reset-step`.
+"""
+
+import asyncio
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from protocol.server import MessageDelta, MessageDiscarded, MessageDone
+from server.adapters.ai_sdk_chunks import AiSdkTranslator, discarded_text
+from server.lifecycle import drain
+from tests.adapter_support import sse, user_message
+from tests.harness import Server, joined, running_server, token, ws_client
+from tests.redis_support import redis_process
+from tests.runs import script
+
+pytestmark = [pytest.mark.redis]
+NODE_DIR = Path(__file__).parent / "node"
+ANSWER = "".join(chr(65 + i % 26) for i in range(60))
+RENDER = """
+import { readUIMessageStream } from "ai";
+const streams = JSON.parse(await new Response(process.stdin).text());
+const texts = [];
+for (const chunks of streams) {
+  const stream = new ReadableStream({
+    start(c) { chunks.forEach((x) => c.enqueue(x)); c.close(); } });
+  let last;
+  for await (const message of readUIMessageStream({ stream })) last = message;
+  texts.push(last.parts.filter((p) => p.type === "text").map((p) => p.text));
+}
+console.log(JSON.stringify(texts));
+"""
+
+
+def rendered(streams: list[list[Any]]) -> list[list[str]]:
+    """The text parts of the UI message the real `ai` package builds from each stream."""
+    node = shutil.which("node")
+    if node is None or not (NODE_DIR / "node_modules" / "ai").is_dir():
+        pytest.skip("node and the npm packages (make node-deps) are needed")
+    done = subprocess.run([node, "--input-type=module", "-e", RENDER], cwd=NODE_DIR,
+                          input=json.dumps(streams), capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return list(json.loads(done.stdout))
+
+
+async def _ws_follow(server: Server, document_id: str) -> list[Any]:
+    """What `WebSocketChatTransport`'s resume streams, until its end."""
+    url = f"ws://127.0.0.1:{server.settings.port}/v1/ai-sdk/{document_id}/ws?token={token()}"
+    async with ws_client(url) as client:
+        await client.send({"type": "resume", "requestId": "r", "id": "chat"})
+        frames: list[Any] = []
+        while not frames or frames[-1]["type"] not in ("end", "error", "no-active"):
+            frames.append(await client.recv(timeout=30))
+    assert frames[-1]["type"] == "end", frames[-1]
+    return [f["chunk"] for f in frames if f["type"] == "chunk"]
+
+
+async def test_ai_sdk_live_followers_show_a_handed_over_answer_once() -> None:
+    prompt = script({"say": ANSWER}, chunk_chars=1, delay_ms=40)
+    async with redis_process() as redis, running_server(redis_url=redis.url) as one, \
+            running_server(redis_url=redis.url) as two, \
+            joined(two, "moved", sub="bob", client_id="watcher") as (watcher, _), \
+            httpx.AsyncClient(timeout=30) as http:
+        chat = f"{one.http}/v1/ai-sdk/moved/chat"
+        posted = asyncio.create_task(sse(http, "POST", chat, {
+            "id": "chat", "messages": [user_message(prompt)]}))
+        await watcher.recv_until("message.delta")
+        follow = f"{two.http}/v1/ai-sdk/moved/chat/chat/stream"
+        seven = asyncio.create_task(sse(http, "GET", follow, headers={"x-cowrite-ai-sdk": "7"}))
+        older = asyncio.create_task(sse(http, "GET", follow))
+        socket = asyncio.create_task(_ws_follow(two, "moved"))
+        for _ in range(8):
+            await watcher.recv_until("message.delta")
+        await drain(one.services, timeout_s=5.0)  # SIGTERM: the run moves to `two`
+        gone = (await watcher.recv_until("message.discarded", timeout=15))["message_id"]
+        answer = (await watcher.recv_until("message.done", timeout=15))["text"]
+        assert answer == ANSWER
+        await posted
+        (status, live7), (status_older, live_older), live_ws = await asyncio.wait_for(
+            asyncio.gather(seven, older, socket), 30)
+        assert status == status_older == 200
+        live7, live_older = live7[:-1], live_older[:-1]  # without "[DONE]"
+        assert rendered([live7, live_ws]) == [[answer], [answer]]  # shown once
+        assert len(rendered([live_older])[0]) == 2  # ai 5 and 6: the interrupted part stays
+        for live in (live7, live_ws):  # the interrupted text went live, then was taken back
+            kinds = [(c["type"], c.get("id")) for c in live]
+            assert ("text-delta", gone) in kinds
+            assert kinds.index(("text-end", gone)) + 1 == kinds.index(("reset-step", None))
+        assert not [c for c in live_older if c["type"] == "reset-step"]  # ai 5 and 6
+
+
+def test_a_replay_leaves_out_the_discarded_text_and_its_reset() -> None:
+    """What a reconnect made after the move replays (`discarded_text`): neither the
+    interrupted text nor the `reset-step` that took it back (it would take back
+    nothing, or, in `ai` 5 and 6, fail the chat); a step holding more than the
+    interrupted text (a part this adapter never saw begin) is not reset live."""
+    delta = MessageDelta(run_id="r", message_id="m1", delta="Hel")
+    gone = MessageDiscarded(run_id="r", message_id="m1")
+    again = MessageDelta(run_id="r", message_id="m1.r1", delta="Hello")
+    translator = AiSdkTranslator("r")
+    live = [c for e in (delta, gone, again) for c in translator.translate(e, False)[0]]
+    assert [(c["type"], c.get("id")) for c in live] == [
+        ("start-step", None), ("text-start", "m1"), ("text-delta", "m1"), ("text-end", "m1"),
+        ("reset-step", None), ("text-start", "m1.r1"), ("text-delta", "m1.r1")]
+    assert translator.translate(gone, False) == ([], False)  # once
+    dropping: set[str] = set()
+    replay = [c for c in live if not discarded_text(c, translator.discarded, dropping)]
+    assert replay == [live[0], *live[5:]]
+    with_other = AiSdkTranslator("r")
+    shown = MessageDone(run_id="r", message_id="m0", text="Before.")
+    moved = [c for e in (shown, delta, gone) for c in with_other.translate(e, False)[0]]
+    assert [c["type"] for c in moved][-2:] == ["text-delta", "text-end"]
