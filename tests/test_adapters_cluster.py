@@ -224,8 +224,9 @@ async def test_a_handed_over_run_shows_its_answer_once() -> None:
 
 def test_a_live_stream_ends_the_discarded_message() -> None:
     """What a live frontend sees of `message.discarded` (the run moved mid-text): the
-    discarded message ends; its text stays shown (neither protocol can take a part
-    back) and the answer follows in a new message."""
+    discarded message ends; the AI SDK's `reset-step` takes its text back (left out
+    by `Segment` for frontends that do not say they run `ai` 7), AG-UI's stays
+    (no event removes one message); the answer follows in a new message."""
     delta = MessageDelta(run_id="r", message_id="m1", delta="Hel")
     gone = MessageDiscarded(run_id="r", message_id="m1")
     again = MessageDelta(run_id="r", message_id="m1.r1", delta="Hello")
@@ -233,7 +234,7 @@ def test_a_live_stream_ends_the_discarded_message() -> None:
     chunks = [c for e in (delta, gone, again) for c in ai_sdk.translate(e, False)[0]]
     assert [(c["type"], c.get("id")) for c in chunks] == [
         ("start-step", None), ("text-start", "m1"), ("text-delta", "m1"), ("text-end", "m1"),
-        ("text-start", "m1.r1"), ("text-delta", "m1.r1")]
+        ("reset-step", None), ("text-start", "m1.r1"), ("text-delta", "m1.r1")]
     assert ai_sdk.translate(gone, False) == ([], False)  # once
     agui = AguiTranslator("t", "r")
     events = [e.type for x in (delta, gone, again) for e in agui.translate(x, False)[0]]
