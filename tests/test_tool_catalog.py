@@ -281,6 +281,29 @@ import = "tests.tool_fixtures:greet"
 
 
 
+def test_a_missing_tool_module_is_one_log_line_a_failing_import_has_its_traceback(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A configured module that is not there (a typo, the path not set) says all in one
+    line; a module that exists but fails while importing keeps its traceback, which
+    names what it could not import."""
+    with caplog.at_level(logging.WARNING, logger="cowrite"):
+        tools = catalog('[[tools]]\nimport = "tests.no_such_module:tool"\nname = "gone"\n'
+                        '[[tools]]\nimport = "tests.imports_missing_dependency:tool"\n'
+                        'name = "failing"\n')
+    problems = {name: entry.get("problem") for name, entry in by_name(tools.describe()).items()
+                if not entry["available"]}
+    assert problems == {
+        "gone": "cannot import tests.no_such_module (ModuleNotFoundError)",
+        "failing": "cannot import tests.imports_missing_dependency (ModuleNotFoundError)"}
+    records = {record.getMessage().split(":")[0]: record for record in caplog.records
+               if "is unavailable" in record.getMessage()}
+    missing = records["tool tests.no_such_module"]
+    assert missing.exc_info is None or missing.exc_info[0] is None
+    failing = records["tool tests.imports_missing_dependency"]
+    assert failing.exc_info is not None and failing.exc_info[1] is not None
+    assert "cowrite_no_such_dependency" in str(failing.exc_info[1])
+
+
 def test_parameters_pydantic_would_drop_are_refused_at_load_time() -> None:
     """They were silently left out of the schema, the tool listed available, and every
     call failed `tool failed (ref ...)`."""
@@ -453,7 +476,7 @@ mode = "chat"
          "description": "Fix spelling and grammar, nothing else.", "category": "editing",
          "mode": "agent", "tools": ["read_document", "replace_text", "files__read_file"]},
         {"name": "chat:quick", "title": "chat:quick", "description": "", "category": "general",
-         "mode": "chat", "tools": None},
+         "mode": "chat"},  # no allowlist: `tools` absent, not null
     ]
     assert tools.workflow("nope") is None
 

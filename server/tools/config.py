@@ -111,10 +111,15 @@ class Workflow(_Strict):
         return self
 
     def public(self) -> dict[str, Any]:
-        """The `GET /v1/workflows` entry; the system prompt stays on the server."""
-        return {"name": self.name, "title": self.title or self.name,
-                "description": self.description, "category": self.category,
-                "mode": self.mode, "tools": self.tools}
+        """The `GET /v1/workflows` entry; the system prompt stays on the server. `tools`
+        is left out when the workflow has no allowlist (the run's tools are not
+        narrowed), as the protocol leaves out absent fields rather than send null."""
+        entry: dict[str, Any] = {"name": self.name, "title": self.title or self.name,
+                                 "description": self.description, "category": self.category,
+                                 "mode": self.mode}
+        if self.tools is not None:
+            entry["tools"] = self.tools
+        return entry
 
 
 class CowriteConfig(_Strict):

@@ -69,6 +69,13 @@ def import_callable(import_string: str) -> object:
     module_name, _, attr_path = import_string.partition(":")
     try:
         target: object = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            # the configured module itself is not there (a typo, the path not set): one
+            # line says all; its traceback would only show importlib's frames
+            raise ToolLoadError(f"cannot import {module_name} (ModuleNotFoundError)") from None
+        raise ToolLoadError(f"cannot import {module_name} ({type(exc).__name__})") from exc
     except (Exception, SystemExit) as exc:  # the operator's module's failure is a problem,
         # not a crash (a module that calls sys.exit() at import stopped cowrite silently)
         raise ToolLoadError(f"cannot import {module_name} ({type(exc).__name__})") from exc
