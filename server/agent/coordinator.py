@@ -325,9 +325,11 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
                             self.local.has_client(peer.user_id, peer.client_id))
         return state.evolve(document_id=self.document_id)
 
-    async def _launch(self, state: RunState, peer: Peer, message: RunStart) -> bool:
+    async def _launch(self, state: RunState, peer: Peer, message: RunStart,
+                      release: bool = True) -> bool:
         """Announce and run `state`; False when nothing could be announced (the claim is
-        freed again; `peer` was told why)."""
+        freed again unless not `release`: a queued run's, freed after its end is logged;
+        `peer` was told why)."""
         registry = self.env.registry
         driver = RunDriver(state, self.env, self.log, toolbox_for(state, self.env), self._finished)
         self.active = driver
@@ -340,8 +342,10 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
             if not accepted:  # nothing was announced: free the document again
                 if self.active is driver:
                     self.active = None
-                with contextlib.suppress(BackendUnavailable):
-                    await registry.release_run(self.document_id, state.run_id, self.env.instance_id)
+                if release:
+                    with contextlib.suppress(BackendUnavailable):
+                        await registry.release_run(self.document_id, state.run_id,
+                                                   self.env.instance_id)
         return accepted
 
     def _finished(self, driver: RunDriver) -> None:
