@@ -122,7 +122,9 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
         the run's own too (origin `agent`: its executor may be connected here, not
         there; dropped, they left its scope behind the text it wrote). Asked again when
         the run came to this instance while its owner was looked up (a takeover): the
-        edit was dropped."""
+        edit was dropped. Redis away for the lookup: tried again for half a lease, then
+        `BackendUnavailable` (a person's edit: `unavailable` before anything is done or
+        broadcast, so its client can send it again; it was dropped, the run not told)."""
         for _ in range(2):
             driver = self.active
             if not forwarded and driver is not None and not driver.state.finished and \
@@ -136,11 +138,18 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
                 if await self._submit_edit(driver, peer, message):
                     return
                 await driver.done.wait()  # it ended, or moved to another instance: ask there
-            record = await self._record_elsewhere()
+            try:
+                record = await self._record_elsewhere()
+            except BackendUnavailable:
+                if not forwarded:
+                    raise
+                logger.warning("an edit forwarded here found no run to tell: the backend "
+                               "is away", extra={"document_id": self.document_id})
+                return
             if record is not None:
                 self._forward_edit(str(record["run_id"]), peer, message)
                 return
-            if self.active is driver:  # no run to tell (or the backend is away)
+            if self.active is driver:  # no run to tell
                 return
 
     async def _submit_edit(self, driver: RunDriver, peer: Peer, message: EditorChange
@@ -316,9 +325,11 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
                             self.local.has_client(peer.user_id, peer.client_id))
         return state.evolve(document_id=self.document_id)
 
-    async def _launch(self, state: RunState, peer: Peer, message: RunStart) -> bool:
+    async def _launch(self, state: RunState, peer: Peer, message: RunStart,
+                      release: bool = True) -> bool:
         """Announce and run `state`; False when nothing could be announced (the claim is
-        freed again; `peer` was told why)."""
+        freed again unless not `release`: a queued run's, freed after its end is logged;
+        `peer` was told why)."""
         registry = self.env.registry
         driver = RunDriver(state, self.env, self.log, toolbox_for(state, self.env), self._finished)
         self.active = driver
@@ -331,8 +342,10 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
             if not accepted:  # nothing was announced: free the document again
                 if self.active is driver:
                     self.active = None
-                with contextlib.suppress(BackendUnavailable):
-                    await registry.release_run(self.document_id, state.run_id, self.env.instance_id)
+                if release:
+                    with contextlib.suppress(BackendUnavailable):
+                        await registry.release_run(self.document_id, state.run_id,
+                                                   self.env.instance_id)
         return accepted
 
     def _finished(self, driver: RunDriver) -> None:
@@ -346,14 +359,22 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
             self.kick()  # kicks nothing: a queued one that failed ends first (run_queue.py)
         self._on_idle()
 
-    async def _record_elsewhere(self, run_id: str | None = None) -> dict[str, Any] | None:
-        """The document's active run (`run_id`, if given) when this instance is not
-        running it: another instance owns it, or it is moving to one."""
-        try:
-            record = await self.env.registry.active_run(self.document_id)
-        except BackendUnavailable:
-            return None
-        if record is None or (run_id is not None and record.get("run_id") != run_id):
+    async def _record_elsewhere(self) -> dict[str, Any] | None:
+        """The document's active run when this instance is not running it: another
+        instance owns it, or it is moving to one. Asked again while the backend is
+        away, for up to half a lease (a blip is bridged), then `BackendUnavailable`."""
+        loop = asyncio.get_running_loop()
+        deadline, delay = loop.time() + self.env.settings.run_lease_s / 2, 0.05
+        while True:
+            try:
+                record = await self.env.registry.active_run(self.document_id)
+                break
+            except BackendUnavailable:
+                if loop.time() + delay > deadline:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        if record is None:
             return None
         driver = self.active
         if driver is not None and driver.run_id == record.get("run_id") and \

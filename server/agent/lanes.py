@@ -207,18 +207,13 @@ class Lanes:
                            "inbox for it), %d dropped", parked + dropped, parked, dropped)
 
     async def _park(self, document_id: str, run_id: str, message: dict[str, Any]) -> bool:
-        """Deliver an edit one last time: to the run's holder, or, for a run that this
+        """Deliver an edit one last time: to the run's holder or, for a run that this
         instance handed over and nobody holds yet, into its own inbox, which the next
-        owner's replay reads. False when it could not be delivered (the run has ended:
-        nothing to tell; or the backend is away)."""
+        owner's replay reads. One atomic step (`send_to_run_owner`'s `park`): checked,
+        then sent, a successor could take the run and replay this inbox in between,
+        and the edit was never read. False when it could not be delivered (the run has
+        ended: nothing to tell; or the backend is away)."""
         with contextlib.suppress(BackendUnavailable):
-            sent = await self.backend.send_to_run_owner(document_id, run_id, message,
-                                                        not_to=self.me)
-            if sent:
-                return True
-            record = await self.backend.active_run(document_id) if sent == "" else None
-            if record is not None and record.get("run_id") == run_id and \
-                    record.get("owner") == self.me:
-                await self.backend.send(self.me, message)
-                return True
+            return bool(await self.backend.send_to_run_owner(document_id, run_id, message,
+                                                             not_to=self.me, park=True))
         return False

@@ -19,6 +19,7 @@ back even if nothing else happens on the document (decided in README).
 """
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -101,7 +102,8 @@ class RunQueueMixin:
     async def _new_state(self, peer: Peer, message: RunStart) -> RunState:
         raise NotImplementedError
 
-    async def _launch(self, state: RunState, peer: Peer, message: RunStart) -> bool:
+    async def _launch(self, state: RunState, peer: Peer, message: RunStart,
+                      release: bool = True) -> bool:
         raise NotImplementedError
 
     async def _enqueue(self, peer: Peer, message: RunStart) -> None:
@@ -155,8 +157,6 @@ class RunQueueMixin:
                     return  # cancelled (or started elsewhere) meanwhile
                 caught_up = judge_waited(state, await self._waited(entry))
                 if caught_up is None:  # a person's edit meanwhile ends it, as if it ran
-                    await registry.release_run(self.document_id, state.run_id,
-                                               self.env.instance_id)
                     self._track(self._end_unstarted(entry, RunFinished(
                         run_id=state.run_id, status="aborted", reason="document_changed",
                         steps=0)))
@@ -167,8 +167,8 @@ class RunQueueMixin:
                                extra={"document_id": self.document_id})
                 self._kick_later(QUEUE_RETRY_S)
                 return
-            try:
-                started = await self._launch(state, peer, message)
+            try:  # the document is held until its end is logged (`_end_unstarted`)
+                started = await self._launch(state, peer, message, release=False)
             except BackendUnavailable:
                 started, peer.refusal = False, None
             if not started:  # out of the queue, never announced: it must still end
@@ -199,13 +199,23 @@ class RunQueueMixin:
     async def _end_unstarted(self, entry: dict[str, Any], ended: RunFinished) -> None:
         """`ended` (`steps: 0`) for a queued run that did not start: `failed` when its
         start could not be announced, `aborted` when an edit while it waited ended it;
-        logged once the backend takes it; then the next queued run's turn."""
+        logged once the backend takes it, its record written, and only then the document
+        it still holds freed: freed first, another instance's stalled-queue pass could
+        start the next queued run, whose `run.started` clients then saw before this
+        `run.finished`. Then the next queued run's turn."""
         run_id = str(entry["run_id"])
         with one_write(self.log.remote):  # every attempt one write: a lost reply, retried,
-            await self._end_unstarted_retrying(entry, ended, run_id)  # logs it once
+            ended_ok = await self._end_unstarted_retrying(entry, ended, run_id)  # logs it once
+        with contextlib.suppress(BackendUnavailable):  # (given up: freed all the same; if
+            await self.env.registry.release_run(  # this fails too, its lease lapses and
+                self.document_id, run_id, self.env.instance_id)  # a janitor frees it)
+        if ended_ok:
+            self.env.metrics.runs.labels(ended.status).inc()
+            self.kick()
 
     async def _end_unstarted_retrying(self, entry: dict[str, Any], ended: RunFinished,
-                                      run_id: str) -> None:
+                                      run_id: str) -> bool:
+        """Whether `ended` was logged and recorded (tried again through an outage)."""
         delay, deadline = QUEUE_RETRY_S / 8, time.monotonic() + UNSTARTED_RETRY_S
         while True:
             try:
@@ -213,19 +223,17 @@ class RunQueueMixin:
                 await self.env.registry.put_run_record(self.document_id, run_id, {
                     "status": ended.status, "user_id": entry["user_id"],
                     "client_id": entry["client_id"]})
-                break
+                return True
             except BackendUnavailable:
                 if time.monotonic() > deadline:
                     logger.error("queued run %s could not be started nor ended: backend "
                                  "unavailable", run_id, extra={"document_id": self.document_id})
-                    return
+                    return False
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, QUEUE_RETRY_S * 4)
             except UnloggableEvent:  # cannot happen for these fields; never loop on it
                 logger.exception("queued run %s could not be ended", run_id)
-                return
-        self.env.metrics.runs.labels(ended.status).inc()
-        self.kick()
+                return False
 
     async def _cancel_queued(self, peer: Peer, message: RunCancel) -> bool:
         """True when `message` was about a queued run (and is answered). Once its removal

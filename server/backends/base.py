@@ -266,11 +266,16 @@ class Backend(RunRegistry, Protocol):
         ...
 
     async def send_to_run_owner(self, document_id: str, run_id: str, message: dict[str, Any],
-                                not_to: str = "") -> str | None:
+                                not_to: str = "", park: bool = False) -> str | None:
         """Queue `message` for whoever holds the lease of the document's active run
         `run_id`, read in the same atomic step as the send (a takeover falls wholly
         before or after it): that holder's id; "" with nothing sent while nobody but
-        `not_to` holds it (a handoff under way); None when `run_id` is not active."""
+        `not_to` holds it (a handoff under way); None when `run_id` is not active.
+        With `park`, a message nobody else holds the run for goes to `not_to`'s own
+        inbox in that same step when the run's record names `not_to` as its owner (it
+        handed the run over, nobody took it yet), and `not_to` is returned: the next
+        owner replays that inbox after taking the lease (`Lanes._park`), so no takeover
+        falls between the check and the send."""
         ...
 
     def inbox(self, instance_id: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:

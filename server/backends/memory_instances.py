@@ -42,13 +42,14 @@ class MemoryInstances:
         self._inbox(instance_id).put_nowait((str(next(self._entry_ids)), message))
 
     async def send_to_run_owner(self, document_id: str, run_id: str, message: dict[str, Any],
-                                not_to: str = "") -> str | None:
+                                not_to: str = "", park: bool = False) -> str | None:
         active = self._active.get(document_id)
         if active is None or active.get("run_id") != run_id:
             return None
         owner = str(active.get("owner") or "")
         if owner in ("", not_to):
-            return ""
+            if not (park and not_to and owner == not_to):
+                return ""
         await self.send(owner, message)
         return owner
 

@@ -81,10 +81,11 @@ class RedisInstances:
         await self._call(pipe.execute())
 
     async def send_to_run_owner(self, document_id: str, run_id: str, message: dict[str, Any],
-                                not_to: str = "") -> str | None:
+                                not_to: str = "", park: bool = False) -> str | None:
         owner = await self._call(self._redis.eval(
             SEND_TO_OWNER_LUA, 2, f"cw:{{{document_id}}}:active", f"cw:{{{document_id}}}:owner",
-            run_id, orjson.dumps(message).decode(), INBOX_MAXLEN, INBOX_TTL_S, not_to))
+            run_id, orjson.dumps(message).decode(), INBOX_MAXLEN, INBOX_TTL_S, not_to,
+            "1" if park else "0"))
         return None if owner is None else str(owner)
 
     async def inbox(self, instance_id: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:

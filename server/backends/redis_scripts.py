@@ -213,14 +213,22 @@ return out
 # A message for a run goes to the inbox of the lease holder as read in the same step,
 # so a takeover (which changes the holder) falls wholly before or after it. Returns
 # false when the run is not active, "" when nobody else holds it yet (a handoff, or
-# `ARGV[5]`, the caller, still named as holder although its run moved on).
+# `ARGV[5]`, the caller, still named as holder although its run moved on). With
+# ARGV[6] = '1' (a shutting-down caller's last try, `Lanes._park`) and the run's record
+# naming the caller as owner, such a message goes to the caller's own inbox instead, in
+# this same step: the next owner replays that inbox once it holds the lease. Checked
+# and sent in two steps, a takeover and its replay could fall in between: the edit,
+# counted as handed on, was never read.
 SEND_TO_OWNER_LUA = """
 local active = redis.call('GET', KEYS[1])
 if not active then return false end
 local record = cjson.decode(active)
 if record['run_id'] ~= ARGV[1] then return false end
 local owner = redis.call('GET', KEYS[2]) or record['owner']
-if type(owner) ~= 'string' or owner == '' or owner == ARGV[5] then return '' end
+if type(owner) ~= 'string' or owner == '' or owner == ARGV[5] then
+  if ARGV[6] ~= '1' or ARGV[5] == '' or record['owner'] ~= ARGV[5] then return '' end
+  owner = ARGV[5]
+end
 local inbox = 'cw:inbox:' .. owner
 redis.call('XADD', inbox, 'MAXLEN', '~', ARGV[3], '*', 'm', ARGV[2])
 redis.call('EXPIRE', inbox, ARGV[4])
