@@ -41,10 +41,11 @@ from server.backends.base import (
     RunParts,
     encode_event_body,
 )
+from server.backends.memory_history import HISTORY_MAX_ENTRIES as HISTORY_MAX_ENTRIES
+from server.backends.memory_history import ThreadedHistory
 from server.backends.memory_instances import MemoryInstances
 
 logger = logging.getLogger("cowrite.memory")
-HISTORY_MAX_ENTRIES = 2000
 SWEEP_MAX_INTERVAL_S = 30.0
 TRIM_AFTER_EVICTIONS = 256
 
@@ -89,8 +90,8 @@ class MemoryBackend(MemoryInstances):
     remote = False
 
     def __init__(self, log_max_events: int = 10_000, *, idle_s: float = 3600.0,
-                 max_documents: int = 10_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 max_documents: int = 10_000, clock: Callable[[], float] = time.monotonic,
+                 history_max_entries: int = HISTORY_MAX_ENTRIES) -> None:
         super().__init__()
         self._log_max_events = log_max_events
         self._idle_s = idle_s
@@ -103,7 +104,8 @@ class MemoryBackend(MemoryInstances):
         self.evictions = 0
         self._logs: dict[str, _DocumentLog] = {}
         self._listeners: dict[str, list[EventListener]] = defaultdict(list)
-        self._history: dict[str, deque[dict[str, Any]]] = {}
+        self._history: defaultdict[str, ThreadedHistory] = defaultdict(
+            lambda: ThreadedHistory(history_max_entries))  # fair across threads
         self._runs: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
         self._claims: dict[str, float] = {}
         self._connections: dict[str, int] = defaultdict(int)
@@ -264,13 +266,10 @@ class MemoryBackend(MemoryInstances):
 
     async def append_history(self, document_id: str, entries: list[dict[str, Any]]) -> None:
         self._touch(document_id)
-        history = self._history.get(document_id)
-        if history is None:
-            history = self._history[document_id] = deque(maxlen=HISTORY_MAX_ENTRIES)
-        history.extend(entries)
+        self._history[document_id].extend(entries)
 
     async def read_history(self, document_id: str) -> list[dict[str, Any]]:
-        return list(self._history.get(document_id, ()))
+        return history.entries() if (history := self._history.get(document_id)) else []
 
     async def put_run_record(self, document_id: str, run_id: str, record: dict[str, Any]) -> None:
         self._touch(document_id)
