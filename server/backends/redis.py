@@ -4,7 +4,10 @@ Per document (keys share a hash tag, so a cluster keeps them on one slot):
 - `cw:{doc}:meta` hash: `epoch`, `last_seq`;
 - `cw:{doc}:log` stream: one entry per event, ID `<seq>-1`, trimmed with
   `MAXLEN ~` (which keeps at least the last N);
-- `cw:{doc}:hist` list: conversation history; `cw:{doc}:runs` hash: run records
+- `cw:{doc}:hist:t:<thread>` lists, `cw:{doc}:hist:threads` sorted set,
+  `cw:{doc}:hist:meta` hash: conversation history, capped fairly across threads
+  (redis_history.py; `cw:{doc}:hist`, the one list of earlier versions, is moved
+  into them by the next append); `cw:{doc}:runs` hash: run records
   (the newest `RUN_RECORDS_MAX` by first write, kept in `cw:{doc}:run-order`);
 - `cw:{doc}:writes` sorted set: the write ids of the last appends and their seqs,
   so an append tried again after its reply was lost is not logged twice.
@@ -45,8 +48,10 @@ from server.backends.base import (
     RunParts,
     encode_event_body,
 )
+from server.backends.memory_history import HISTORY_MAX_ENTRIES
 from server.backends.redis_clock import RedisClock
 from server.backends.redis_fanout import RedisFanOut, channel_of
+from server.backends.redis_history import RedisHistory
 from server.backends.redis_instances import RedisInstances
 from server.backends.redis_presence import RedisPresence
 from server.backends.redis_queue import RedisRunQueue
@@ -69,7 +74,6 @@ from server.backends.redis_scripts import (
 logger = logging.getLogger("cowrite.redis")
 T = TypeVar("T")
 
-HISTORY_MAX_ENTRIES = 2000
 RUN_RECORD_TTL_S = 86_400
 READ_CHUNK = 1000
 # Write ids remembered per document (APPEND_LUA): an append tried again after this many
@@ -104,10 +108,11 @@ def _url_problem(exc: ValueError) -> str:
             "rediss://... or unix://path")
 
 
-class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances, RedisPresence):
+class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances, RedisPresence, RedisHistory):
     remote = True
 
-    def __init__(self, url: str, log_max_events: int = 10_000, op_timeout_s: float = 2.0) -> None:
+    def __init__(self, url: str, log_max_events: int = 10_000, op_timeout_s: float = 2.0, *,
+                 history_max_entries: int = HISTORY_MAX_ENTRIES) -> None:
         self._url = url
         try:
             self._redis = aioredis.Redis.from_url(
@@ -130,6 +135,7 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances, RedisPresence):
         self._expired_runs = self._redis.register_script(EXPIRED_RUNS_LUA)
         self._present = self._redis.register_script(PRESENT_LUA)
         self._put_run_record = self._redis.register_script(PUT_RUN_RECORD_LUA)
+        self._init_history(history_max_entries)
         self._presence: dict[str, tuple[str, str]] = {}  # member -> (document id, as stored)
         self._instance_id = ""  # this instance's, from its first heartbeat
         self._listeners: dict[str, list[EventListener]] = defaultdict(list)
@@ -247,18 +253,7 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances, RedisPresence):
             return "history_truncated"  # entries are found by seq (stream ID); none may miss
         return events
 
-    # -- history and runs --------------------------------------------------------
-    async def append_history(self, document_id: str, entries: list[dict[str, Any]]) -> None:
-        key = f"cw:{{{document_id}}}:hist"
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.rpush(key, *(orjson.dumps(entry).decode() for entry in entries))
-        pipe.ltrim(key, -HISTORY_MAX_ENTRIES, -1)
-        await self._call(pipe.execute())
-
-    async def read_history(self, document_id: str) -> list[dict[str, Any]]:
-        raw = await self._call(self._redis.lrange(f"cw:{{{document_id}}}:hist", 0, -1))
-        return [orjson.loads(item) for item in raw]
-
+    # -- run records (history: RedisHistory) ------------------------------------
     async def put_run_record(self, document_id: str, run_id: str, record: dict[str, Any]) -> None:
         await self._call(self._put_run_record(
             keys=[f"cw:{{{document_id}}}:runs", f"cw:{{{document_id}}}:run-order"],
