@@ -6,6 +6,7 @@ written by the old layout (one list, oldest out whatever its thread), and end to
 a quiet thread stays listed in `GET /v1/documents/{id}/threads`."""
 
 import asyncio
+import contextlib
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -179,7 +181,7 @@ async def test_a_document_of_the_old_layout_is_read_then_moved(redis: RedisProce
     """The old code's one list (`cw:{doc}:hist`, plain JSON, oldest out whatever the
     thread): read as it is, then moved into the per-thread layout by the next append,
     in its order and before the new entry, and counted for the cap."""
-    doc, raw = uuid.uuid4().hex, redis_client(redis)
+    doc, raw = uuid.uuid4().hex, aioredis.Redis.from_url(redis.url)
     old = [entry(0, "quiet"), *[entry(n, None) for n in range(1, CAP - 1)],
            {"role": "user", "content": "odd", "thread_id": 7},
            {"role": "tool", "content": "é \"x\" | y", "thread_id": "busy", "tool_call_id": "c"}]
@@ -201,20 +203,18 @@ async def test_a_document_of_the_old_layout_is_read_then_moved(redis: RedisProce
         await raw.aclose()
 
 
-def redis_client(proc: RedisProcess) -> Any:
-    import redis.asyncio as aioredis
-
-    return aioredis.Redis.from_url(proc.url)
-
-
 @pytest.mark.parametrize("shared", [False, True], ids=["memory", "redis"])
 async def test_a_quiet_thread_stays_listed_after_a_busy_one_passes_the_cap(
-        shared: bool, redis: RedisProcess) -> None:
+        shared: bool) -> None:
     """A real run on a quiet thread, then more than the cap of entries on a busy one
     (written through the backend: a run per entry would take minutes)."""
-    overrides: dict[str, Any] = {"redis_url": redis.url} if shared else {}
     doc = f"doc-{uuid.uuid4().hex[:8]}"
-    async with running_server(**overrides) as srv, joined(srv, doc) as (alice, _):
+    async with contextlib.AsyncExitStack() as stack:
+        overrides: dict[str, Any] = {}
+        if shared:
+            overrides["redis_url"] = (await stack.enter_async_context(redis_process())).url
+        srv = await stack.enter_async_context(running_server(**overrides))
+        alice, _ = await stack.enter_async_context(joined(srv, doc))
         ack = await start(alice, script({"say": "quiet answer"}), thread_id="quiet")
         await alice.recv_until(lambda e: e.get("type") == "run.finished"
                                and e.get("run_id") == ack["run_id"])
