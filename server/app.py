@@ -116,7 +116,8 @@ def build_services(settings: Settings, tools: ToolCatalog | None = None) -> Serv
         metrics.watch_memory_documents(lambda: backend.document_count)
     hub = SessionHub(session_factory)
     router = RunRouter(backend, hub, machine, metrics, instance_id, settings.run_lease_s,
-                       settings.run_timeout_s, durable=durable)
+                       settings.run_timeout_s, durable=durable,
+                       janitor_interval_s=settings.janitor_interval_s)
     env = RunEnvironment(settings=settings, registry=backend, cluster=router,
                          llm=make_llm(settings), machine=machine, metrics=metrics,
                          instance_id=instance_id, tools=tools)

@@ -144,6 +144,9 @@ class Settings(BaseSettings):
     client_grace_s: SecondsOrOff = 30.0  # 0: a run waiting on a gone executor ends at once
     server_tool_timeout_s: Seconds = 10.0
     run_lease_s: Seconds = 10.0
+    # Redis: how often an instance looks for runs to take over and stalled queues (a
+    # quarter lease when that is shorter): a run is taken over within lease + this
+    janitor_interval_s: Seconds = 0.5
     # Redis: checkpoint runs so a survivor takes them over (section 13); False is 1.0's
     # behaviour (a lost owner's run ends server_lost), to measure what checkpoints cost
     durable_runs: bool = True

@@ -11,7 +11,9 @@ from tests.cluster_support import cluster, ended, join
 from tests.runs import EDITOR_TOOLS, call, script
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
-LEASE = {"COWRITE_RUN_LEASE_S": "12"}  # a janitor tick (3 s) is longer than 1 s
+# a janitor tick of 3 s (a quarter lease): the run stays handed over, nobody's, long
+# enough for the interrupt to arrive in that state
+LEASE = {"COWRITE_RUN_LEASE_S": "12", "COWRITE_JANITOR_INTERVAL_S": "3"}
 
 
 async def test_an_interrupt_during_a_handover_starts_the_interrupters_run() -> None:

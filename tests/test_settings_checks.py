@@ -98,6 +98,7 @@ def test_out_of_range_settings_stop_the_start_one_line_each() -> None:
     ("COWRITE_APPROVAL_TIMEOUT_S", "-1", "greater than 0"),
     ("COWRITE_SERVER_TOOL_TIMEOUT_S", "0", "greater than 0"),
     ("COWRITE_RUN_LEASE_S", "0", "greater than 0"),
+    ("COWRITE_JANITOR_INTERVAL_S", "0", "greater than 0"),
     ("COWRITE_CLIENT_GRACE_S", "-1", "greater than or equal to 0"),
     ("COWRITE_MAX_STEPS", "0", "greater than or equal to 1"),
     ("COWRITE_MAX_STEPS", "100000000000000000000", "less than or equal to 1000000"),

@@ -27,6 +27,16 @@ logger = logging.getLogger("cowrite.remote")
 _Entry = tuple[str, dict[str, Any]]  # an inbox entry: its id, the message
 
 
+def janitor_interval(lease_s: float, most_s: float) -> float:
+    """How often a janitor looks for lapsed leases: a quarter lease, at most `most_s`
+    (`COWRITE_JANITOR_INTERVAL_S`, 0.5 s). A dead owner's lease lapses 2/3 to 1 lease
+    after its last renewal (every third of a lease), so its run is taken over within a
+    lease and `most_s`, plus the takeover's own work: PROTOCOL section 13's "within
+    lease + 1 s". A quarter of the default 10 s lease alone (2.5 s) broke it, and a
+    drained instance's runs waited as long for a survivor."""
+    return max(0.05, min(lease_s / 4, most_s))
+
+
 class JanitorMixin:
     """Takeovers and stalled queues of `RunRouter` (which provides these)."""
 
@@ -36,6 +46,7 @@ class JanitorMixin:
     metrics: Metrics
     me: str
     lease_s: float
+    janitor_interval_s: float
     run_timeout_s: float
     durable: bool
     draining: bool
@@ -52,7 +63,7 @@ class JanitorMixin:
         raise NotImplementedError
 
     async def _janitor_loop(self) -> None:
-        interval = max(0.05, self.lease_s / 4)
+        interval = self.janitor_interval_s
         while not cancel_requested():
             await asyncio.sleep(interval)
             if self.draining:  # its runs go to others; it takes none of theirs

@@ -24,7 +24,7 @@ from typing import Any
 from protocol.base import WireModel
 from protocol.client import EditorChange
 from protocol.parsing import ParseFailure, validate_message
-from server.agent.janitor import JanitorMixin
+from server.agent.janitor import JanitorMixin, janitor_interval
 from server.agent.lanes import STOP_WAIT_S, Lanes
 from server.agent.machine import RunMachine
 from server.agent.remote_peer import RemotePeer
@@ -62,13 +62,14 @@ def _answers_a_call(message: dict[str, Any]) -> bool:
 class RunRouter(JanitorMixin):
     def __init__(self, backend: Backend, hub: SessionHub, machine: RunMachine, metrics: Metrics,
                  instance_id: str, lease_s: float, run_timeout_s: float = 600.0,
-                 durable: bool = True) -> None:
+                 durable: bool = True, janitor_interval_s: float = 0.5) -> None:
         self.backend = backend
         self.hub = hub
         self.machine = machine
         self.metrics = metrics
         self.me = instance_id
         self.lease_s = lease_s
+        self.janitor_interval_s = janitor_interval(lease_s, janitor_interval_s)
         self.run_timeout_s = run_timeout_s
         self.durable = durable  # False (COWRITE_DURABLE_RUNS=0): lost runs end server_lost
         self.draining = False
