@@ -32,3 +32,19 @@ def test_the_tool_config_example_is_valid() -> None:
     config = parse_config(tomllib.loads(example))
     assert [m.name for m in config.mcp] == ["notes", "files"]
     assert [w.name for w in config.workflows] == ["proofread"]
+
+
+def _code_lines(text: str) -> list[str]:
+    """Lines of Python without their trailing comments (README's snippet annotates)."""
+    return [line for line in (re.sub(r"  # .*$", "", raw).rstrip() for raw in text.splitlines())
+            if line]
+
+
+def test_the_tools_module_snippet_is_the_example_file() -> None:
+    """Every line of README's `examples/tools.py` snippet is a line of that file: a reader
+    comparing the two found both the schema limits and the error text had drifted."""
+    snippet = README.split("A tools module (`examples/tools.py`", 1)[1]
+    snippet = snippet.split("```python\n", 1)[1].split("```", 1)[0]
+    source = (Path(__file__).resolve().parent.parent / "examples" / "tools.py").read_text()
+    missing = [line for line in _code_lines(snippet) if line not in _code_lines(source)]
+    assert missing == []
