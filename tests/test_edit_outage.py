@@ -4,8 +4,8 @@ instance the person is connected to (PROTOCOL.md sections 11 and 13).
 That instance looks up the run's owner before it forwards the edit. The lookup
 failed, and the edit was dropped there without a word: the run was not stopped
 (`on_edit: abort`), and when Redis came back before the edit's `document.changed`
-was logged, the sender even got an `ack`. Now the lookup is tried again for half a
-lease (a blip is bridged: the edit reaches the run), then the edit is refused
+was logged, the sender even got an `ack`. Now the lookup is tried again for up to
+2 s (a blip is bridged: the edit reaches the run), then the edit is refused
 `unavailable` with `retry_after_ms` before anything is done or broadcast.
 
 The owner is a `python -m server` subprocess on the real redis-server; the person's
@@ -26,7 +26,7 @@ from tests.test_outage_gaps import OutageProxy
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 LOOKUP = b"$3\r\nGET\r\n$17\r\ncw:{doc-1}:active\r\n"  # `active_run("doc-1")`
-LEASE_S = 6.0  # the lookup is tried again for 3 s
+LEASE_S = 6.0  # the lookup is tried again for 2 s (half a lease would be 3)
 
 
 def _reply_to(message_id: str) -> Callable[[dict[str, Any]], bool]:

@@ -48,6 +48,10 @@ from server.ports import EventLog, LocalPresence
 
 logger = logging.getLogger("cowrite.agent")
 FINISHED_RUNS_KEPT = 256
+# Redis away while an edit's run is looked up: tried again this long at most (half a
+# lease when shorter). The connection's later messages wait behind the edit, and while
+# Redis stays away each edit costs its sender this wait (it was half a lease, 5 s).
+EDIT_LOOKUP_RETRY_S = 2.0
 
 
 class RunCoordinator(RunQueueMixin, TakeoverMixin):
@@ -122,7 +126,7 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
         the run's own too (origin `agent`: its executor may be connected here, not
         there; dropped, they left its scope behind the text it wrote). Asked again when
         the run came to this instance while its owner was looked up (a takeover): the
-        edit was dropped. Redis away for the lookup: tried again for half a lease, then
+        edit was dropped. Redis away for the lookup: tried again for up to 2 s, then
         `BackendUnavailable` (a person's edit: `unavailable` before anything is done or
         broadcast, so its client can send it again; it was dropped, the run not told)."""
         for _ in range(2):
@@ -362,9 +366,11 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
     async def _record_elsewhere(self) -> dict[str, Any] | None:
         """The document's active run when this instance is not running it: another
         instance owns it, or it is moving to one. Asked again while the backend is
-        away, for up to half a lease (a blip is bridged), then `BackendUnavailable`."""
+        away, for up to `EDIT_LOOKUP_RETRY_S` (a blip is bridged), then
+        `BackendUnavailable`."""
         loop = asyncio.get_running_loop()
-        deadline, delay = loop.time() + self.env.settings.run_lease_s / 2, 0.05
+        wait_s = min(self.env.settings.run_lease_s / 2, EDIT_LOOKUP_RETRY_S)
+        deadline, delay = loop.time() + wait_s, 0.05
         while True:
             try:
                 record = await self.env.registry.active_run(self.document_id)

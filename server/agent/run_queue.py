@@ -39,7 +39,7 @@ from server.agent.queue_edits import judge_waited
 from server.agent.run_state import RunState
 from server.backends.base import BackendUnavailable, UnloggableEvent, run_ended_in_log
 from server.connection import Peer
-from server.log_groups import new_write_id, one_write, same_write
+from server.log_groups import LeaseNotHeld, new_write_id, one_write, same_write
 from server.ports import EventLog
 
 logger = logging.getLogger("cowrite.agent")
@@ -159,7 +159,7 @@ class RunQueueMixin:
                 if caught_up is None:  # a person's edit meanwhile ends it, as if it ran
                     self._track(self._end_unstarted(entry, RunFinished(
                         run_id=state.run_id, status="aborted", reason="document_changed",
-                        steps=0)))
+                        steps=0), state.to_record(self.env.instance_id)))
                     return
                 state = caught_up
             except BackendUnavailable:
@@ -172,7 +172,8 @@ class RunQueueMixin:
             except BackendUnavailable:
                 started, peer.refusal = False, None
             if not started:  # out of the queue, never announced: it must still end
-                self._track(self._end_unstarted(entry, _failed(entry, peer.refusal)))
+                self._track(self._end_unstarted(entry, _failed(entry, peer.refusal),
+                                                state.to_record(self.env.instance_id)))
 
     async def _waited(self, entry: dict[str, Any]) -> list[dict[str, Any]] | None:
         """The `document.changed` events logged since the run was queued (None: the log
@@ -196,16 +197,25 @@ class RunQueueMixin:
         self._kicks.add(task)
         task.add_done_callback(self._kicks.discard)
 
-    async def _end_unstarted(self, entry: dict[str, Any], ended: RunFinished) -> None:
+    async def _end_unstarted(self, entry: dict[str, Any], ended: RunFinished,
+                             claim: dict[str, Any]) -> None:
         """`ended` (`steps: 0`) for a queued run that did not start: `failed` when its
         start could not be announced, `aborted` when an edit while it waited ended it;
         logged once the backend takes it, its record written, and only then the document
         it still holds freed: freed first, another instance's stalled-queue pass could
         start the next queued run, whose `run.started` clients then saw before this
-        `run.finished`. Then the next queued run's turn."""
+        `run.finished`. Then the next queued run's turn. With a shared log the end is
+        written with a renewal of the claim's lease (`claim`: the record it wrote), only
+        while this instance still holds it: retried through an outage longer than a
+        lease, it was logged after a janitor had taken the lapsed claim and ended the
+        run itself (`server_lost`), two `run.finished`; now whoever holds it ends it."""
         run_id = str(entry["run_id"])
+        fence = _ClaimFence({**claim, "write": new_write_id()},
+                            self.env.settings.run_lease_s) if self.log.remote else None
         with one_write(self.log.remote):  # every attempt one write: a lost reply, retried,
-            ended_ok = await self._end_unstarted_retrying(entry, ended, run_id)  # logs it once
+            ended_ok = await self._end_unstarted_retrying(entry, ended, run_id, fence)
+        if ended_ok is None:
+            return  # taken over (its lease lapsed): the taker ended it and frees it
         with contextlib.suppress(BackendUnavailable):  # (given up: freed all the same; if
             await self.env.registry.release_run(  # this fails too, its lease lapses and
                 self.document_id, run_id, self.env.instance_id)  # a janitor frees it)
@@ -214,12 +224,14 @@ class RunQueueMixin:
             self.kick()
 
     async def _end_unstarted_retrying(self, entry: dict[str, Any], ended: RunFinished,
-                                      run_id: str) -> bool:
-        """Whether `ended` was logged and recorded (tried again through an outage)."""
+                                      run_id: str, fence: "_ClaimFence | None"
+                                      ) -> bool | None:
+        """Whether `ended` was logged and recorded (tried again through an outage); None
+        when another instance took the claim (its lease lapsed) before it was."""
         delay, deadline = QUEUE_RETRY_S / 8, time.monotonic() + UNSTARTED_RETRY_S
         while True:
             try:
-                await self.log.publish_many([ended])
+                await self.log.publish_many([ended], fence)
                 await self.env.registry.put_run_record(self.document_id, run_id, {
                     "status": ended.status, "user_id": entry["user_id"],
                     "client_id": entry["client_id"]})
@@ -234,6 +246,10 @@ class RunQueueMixin:
             except UnloggableEvent:  # cannot happen for these fields; never loop on it
                 logger.exception("queued run %s could not be ended", run_id)
                 return False
+            except LeaseNotHeld:
+                logger.warning("queued run %s was ended by the instance that took its "
+                               "lapsed claim", run_id, extra={"document_id": self.document_id})
+                return None
 
     async def _cancel_queued(self, peer: Peer, message: RunCancel) -> bool:
         """True when `message` was about a queued run (and is answered). Once its removal
@@ -347,3 +363,21 @@ class RunQueueMixin:
                             mode="chat" if e.get("mode") == "chat" else "agent",
                             user_id=str(e["user_id"]), client_id=str(e["client_id"]), step=0)
                 for e in waiting]
+
+
+class _ClaimFence:
+    """A queued run's claim as a decision checkpoint (`log_groups.DecisionCheckpoint`):
+    the run's end is appended in one Redis step with a renewal of the claim's lease,
+    refused once another instance holds it. Its write id makes an attempt whose reply
+    was lost write nothing the second time."""
+
+    __slots__ = ("_lease_s", "_record")
+
+    def __init__(self, record: dict[str, Any], lease_s: float) -> None:
+        self._record, self._lease_s = record, lease_s
+
+    def begin(self) -> tuple[dict[str, Any], float, None]:
+        return self._record, self._lease_s, None
+
+    def end(self, written: bool | None) -> None:
+        """Refused shows as `LeaseNotHeld` from the append; nothing to keep here."""
