@@ -177,10 +177,12 @@ async def test_concurrent_appends_from_two_instances_keep_the_bound(
             list(range(appended - counts[thread], appended))
 
 
-async def test_a_document_of_the_old_layout_is_read_then_moved(redis: RedisProcess) -> None:
+async def test_a_document_of_the_old_layout_is_read_then_taken_in(redis: RedisProcess
+                                                                   ) -> None:
     """The old code's one list (`cw:{doc}:hist`, plain JSON, oldest out whatever the
-    thread): read as it is, then moved into the per-thread layout by the next append,
-    in its order and before the new entry, and counted for the cap."""
+    thread): read as it is, then taken into the per-thread layout by the next append,
+    in its order and before the new entry, and counted for the cap. The old list stays,
+    written as the old code wrote it (for a rollback)."""
     doc, raw = uuid.uuid4().hex, aioredis.Redis.from_url(redis.url)
     old = [entry(0, "quiet"), *[entry(n, None) for n in range(1, CAP - 1)],
            {"role": "user", "content": "odd", "thread_id": 7},
@@ -191,7 +193,8 @@ async def test_a_document_of_the_old_layout_is_read_then_moved(redis: RedisProce
         assert await backend.read_history(doc) == old
         new = [entry(n, "main") for n in range(CAP, CAP + 3)]
         await backend.append_history(doc, new)
-        assert await raw.exists(f"cw:{{{doc}}}:hist") == 0
+        mirrored = [orjson.loads(item) for item in await raw.lrange(f"cw:{{{doc}}}:hist", 0, -1)]
+        assert mirrored == [*old, *new][-CAP:]  # what the old code would hold
         kept = await backend.read_history(doc)
         assert kept == reference([*old, *new], CAP)
         assert kept[0] == old[0] and kept[-3:] == new  # main lost its oldest, not quiet
@@ -231,3 +234,62 @@ async def test_a_quiet_thread_stays_listed_after_a_busy_one_passes_the_cap(
     assert "quiet answer" in [m["content"] for m in quiet["messages"]]
     assert len(all_busy["messages"]) == CAP - len(quiet["messages"])
     assert all_busy["messages"][-1]["content"] == busy[-1]["content"]
+
+
+class _OldRelease:
+    """An instance of the previous release on the same Redis, as its backend read and
+    wrote history: one list, RPUSH then LTRIM to the newest `CAP`, LRANGE to read."""
+
+    def __init__(self, raw: aioredis.Redis, doc: str) -> None:
+        self.raw, self.key = raw, f"cw:{{{doc}}}:hist"
+
+    async def append(self, entries: list[dict[str, Any]]) -> None:
+        pipe = self.raw.pipeline(transaction=True)
+        pipe.rpush(self.key, *(orjson.dumps(e) for e in entries))
+        pipe.ltrim(self.key, -CAP, -1)
+        await pipe.execute()
+
+    async def read(self) -> list[dict[str, Any]]:
+        return [orjson.loads(item) for item in await self.raw.lrange(self.key, 0, -1)]
+
+
+async def test_a_rolling_upgrade_keeps_every_instance_s_history(redis: RedisProcess) -> None:
+    """Old and new instances side by side (and a rollback after): each reads the whole
+    history whoever wrote it. Moving the old list and deleting it left the old release's
+    instances with an empty history (a review found it: runs there started without it,
+    `/threads` empty, and a rollback lost what the new layout held)."""
+    doc, raw = uuid.uuid4().hex, aioredis.Redis.from_url(redis.url)
+    old, new = _OldRelease(raw, doc), await redis_backend(redis)
+    try:
+        await old.append([entry(1, "main"), entry(2, "side")])
+        await new.append_history(doc, [entry(3, "main")])
+        await old.append([entry(4, "side")])
+        await new.append_history(doc, [entry(5, "main")])
+        await old.append([entry(6, "main")])
+        whole = [entry(n, ("main", "side")[n in (2, 4)]) for n in range(1, 7)]
+        assert await old.read() == whole
+        assert await new.read_history(doc) == whole  # the old one's last not taken in yet
+        await new.append_history(doc, [entry(7, "side")])
+        assert await new.read_history(doc) == [*whole, entry(7, "side")]
+        assert await old.read() == [*whole, entry(7, "side")]  # a rollback loses nothing
+    finally:
+        await new.close()
+        await raw.aclose()
+
+
+async def test_a_lost_meta_hash_is_counted_again_from_the_lists(redis: RedisProcess) -> None:
+    """The order counter and total live in one hash: deleted or evicted alone, the next
+    append counted from 0 again (entries read out of order, the cap no longer held) and
+    took the mirrored old list in a second time (a review found the first)."""
+    doc, raw, cap = uuid.uuid4().hex, aioredis.Redis.from_url(redis.url), 6
+    backend = await redis_backend(redis, cap)
+    try:
+        first = [entry(n, ("a", "b")[n % 2]) for n in range(1, 6)]
+        await backend.append_history(doc, first)
+        await raw.delete(f"cw:{{{doc}}}:hist:meta")
+        later = [entry(n, "a") for n in range(6, 10)]
+        await backend.append_history(doc, later)
+        assert await backend.read_history(doc) == reference([*first, *later], cap)
+    finally:
+        await backend.close()
+        await raw.aclose()

@@ -6,8 +6,9 @@ Per document (keys share a hash tag, so a cluster keeps them on one slot):
   `MAXLEN ~` (which keeps at least the last N);
 - `cw:{doc}:hist:t:<thread>` lists, `cw:{doc}:hist:threads` sorted set,
   `cw:{doc}:hist:meta` hash: conversation history, capped fairly across threads
-  (redis_history.py; `cw:{doc}:hist`, the one list of earlier versions, is moved
-  into them by the next append); `cw:{doc}:runs` hash: run records
+  (redis_history.py; `cw:{doc}:hist`, the one list earlier versions read and
+  write, is still written as they wrote it, and what they append there is taken
+  in by the next append); `cw:{doc}:runs` hash: run records
   (the newest `RUN_RECORDS_MAX` by first write, kept in `cw:{doc}:run-order`);
 - `cw:{doc}:writes` sorted set: the write ids of the last appends and their seqs,
   so an append tried again after its reply was lost is not logged twice.

@@ -16,11 +16,15 @@ One script per append (instances append concurrently): an append costs O(log thr
 per entry and per evicted entry, never a pass over the history. A read takes every
 thread's list in one script and merges them by order.
 
-`cw:{doc}:hist`, the one list (plain JSON, oldest out whatever its thread) that
-earlier versions wrote, is read as it is until the next append moves its entries
-into the per-thread lists, in their order and before the new entries, and deletes it.
-An old instance that still appends to it during a rolling upgrade has those entries
-moved by the next append of a new one (after the entries moved already)."""
+`cw:{doc}:hist`, the one list (plain JSON, its newest `HISTORY_MAX_ENTRIES`) that
+earlier versions read and write, is still written as they wrote it (every append goes
+to it too): during a rolling upgrade, or after a rollback, an instance of the previous
+release finds the whole history there. Its entries that this layout has not taken in
+yet (all of them, for a document written by an earlier version only; those an old
+instance appended since) are the ones after the item named by `meta`'s `seen` (the
+last item this layout wrote or took in; none: all); an append takes them in, in their
+order before its own entries, and a read returns them after the rest, where the next
+append puts them. A later release stops writing the old list (and drops it)."""
 
 import heapq
 from collections.abc import Awaitable
@@ -40,14 +44,44 @@ T = TypeVar("T")
 # double while count * SCORE_SPAN < 2**53 (a cap below 8,191) and below 2**40 appends.
 SCORE_SPAN = 2**40
 
+# The old list's items after `seen` (the last one this layout wrote or took in), in
+# order: none when it is the list's last item (the usual case: one LINDEX); all when it
+# is not in the list (trimmed away by 2,000 newer old-release appends) or was never set
+# (a document only the old release wrote); none when it is lost (the meta hash deleted
+# or evicted) while the per-thread lists hold entries: those were taken in already.
+_UNSEEN = """
+local function unseen(old, seen, threads)
+  if not seen or seen == '' then  -- never set; or lost with the meta hash, the lists kept:
+    if redis.call('EXISTS', threads) == 1 then return {} end  -- not taken in twice
+    return redis.call('LRANGE', old, 0, -1)
+  end
+  if redis.call('LINDEX', old, -1) == seen then return {} end
+  local items = redis.call('LRANGE', old, 0, -1)
+  for i = #items, 1, -1 do
+    if items[i] == seen then return {unpack(items, i + 1)} end
+  end
+  return items
+end
+"""
 # KEYS: the old list (also the per-thread lists' prefix), the meta hash, the sorted
 # set. ARGV: the cap, the default thread, then a thread and an entry's JSON per entry.
-APPEND_HISTORY_LUA = f"""
+APPEND_HISTORY_LUA = _UNSEEN + f"""
 local old, meta, threads = KEYS[1], KEYS[2], KEYS[3]
 local cap, span = tonumber(ARGV[1]), {SCORE_SPAN}
-local total = tonumber(redis.call('HGET', meta, 'total') or '0')
-local order = tonumber(redis.call('HGET', meta, 'order') or '0')
 local function list_of(thread) return old .. ':t:' .. thread end
+local function order_of(item)
+  return tonumber(string.sub(item, 1, string.find(item, '|', 1, true) - 1))
+end
+local total = tonumber(redis.call('HGET', meta, 'total') or '-1')
+local order = tonumber(redis.call('HGET', meta, 'order') or '-1')
+if total < 0 or order < 0 then  -- a new document, or its meta lost: counted from the lists
+  total, order = 0, 0
+  for _, thread in ipairs(redis.call('ZRANGE', threads, 0, -1)) do
+    total = total + redis.call('LLEN', list_of(thread))
+    local newest = redis.call('LINDEX', list_of(thread), -1)
+    if newest and order_of(newest) > order then order = order_of(newest) end
+  end
+end
 local function rescore(thread)
   local key = list_of(thread)
   local oldest = redis.call('LINDEX', key, 0)
@@ -55,8 +89,7 @@ local function rescore(thread)
     redis.call('ZREM', threads, thread)
     return
   end
-  local first = tonumber(string.sub(oldest, 1, string.find(oldest, '|', 1, true) - 1))
-  local score = redis.call('LLEN', key) * span - first
+  local score = redis.call('LLEN', key) * span - order_of(oldest)
   redis.call('ZADD', threads, string.format('%.0f', score), thread)
 end
 local function push(thread, json)
@@ -71,8 +104,7 @@ local function push(thread, json)
     rescore(largest)
   end
 end
-local moved = redis.call('LRANGE', old, 0, -1)
-for _, json in ipairs(moved) do
+for _, json in ipairs(unseen(old, redis.call('HGET', meta, 'seen'), threads)) do
   local thread = ARGV[2]
   local ok, entry = pcall(cjson.decode, json)
   if ok and type(entry) == 'table' then
@@ -81,20 +113,25 @@ for _, json in ipairs(moved) do
   end
   push(thread, json)
 end
-if #moved > 0 then redis.call('DEL', old) end
-for i = 3, #ARGV, 2 do push(ARGV[i], ARGV[i + 1]) end
+local last = nil
+for i = 3, #ARGV, 2 do
+  push(ARGV[i], ARGV[i + 1])
+  redis.call('RPUSH', old, ARGV[i + 1])  -- the previous release's list, as it wrote it
+  last = ARGV[i + 1]
+end
+redis.call('LTRIM', old, -cap, -1)
 redis.call('HSET', meta, 'total', string.format('%.0f', total),
-           'order', string.format('%.0f', order))
+           'order', string.format('%.0f', order), 'seen', last)  -- entries: never none
 return total
 """
-# Every thread's list, then the old list (entries not moved yet come after them, as
-# the next append will put them).
-READ_HISTORY_LUA = """
+# Every thread's list, then the old list's items not taken in yet (after them, as the
+# next append will put them).
+READ_HISTORY_LUA = _UNSEEN + """
 local out = {}
 for _, thread in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
   out[#out + 1] = redis.call('LRANGE', KEYS[1] .. ':t:' .. thread, 0, -1)
 end
-out[#out + 1] = redis.call('LRANGE', KEYS[1], 0, -1)
+out[#out + 1] = unseen(KEYS[1], redis.call('HGET', KEYS[2], 'seen'), KEYS[3])
 return out
 """
 
