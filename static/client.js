@@ -130,7 +130,9 @@ function wellFormedValue(_key, value) {
 }
 
 /**
- * `wellFormedJson(JSON.stringify(value))`, fast for large frames: where the engine has
+ * The same JSON value as `wellFormedJson(JSON.stringify(value))` (U+FFFD may be written as
+ * the character rather than the escape; `toJSON` and getters run twice when a lone
+ * surrogate is found), fast for large frames: where the engine has
  * `String.prototype.toWellFormed` (Node 20, current browsers), a frame holding a lone
  * surrogate is stringified again with its string values made well-formed natively, and
  * only what that leaves (a lone surrogate in a key, or text that merely reads "\\ud...")
