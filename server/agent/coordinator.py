@@ -48,9 +48,8 @@ from server.ports import EventLog, LocalPresence
 
 logger = logging.getLogger("cowrite.agent")
 FINISHED_RUNS_KEPT = 256
-# Redis away while an edit's run is looked up: tried again this long at most (half a
-# lease when shorter). The connection's later messages wait behind the edit, and while
-# Redis stays away each edit costs its sender this wait (it was half a lease, 5 s).
+# An edit's owner lookup through an outage: tried again this long at most (each edit
+# holds its connection's later messages as long; half a lease, 5 s, was too long)
 EDIT_LOOKUP_RETRY_S = 2.0
 
 
@@ -365,12 +364,10 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
 
     async def _record_elsewhere(self) -> dict[str, Any] | None:
         """The document's active run when this instance is not running it: another
-        instance owns it, or it is moving to one. Asked again while the backend is
-        away, for up to `EDIT_LOOKUP_RETRY_S` (a blip is bridged), then
-        `BackendUnavailable`."""
-        loop = asyncio.get_running_loop()
-        wait_s = min(self.env.settings.run_lease_s / 2, EDIT_LOOKUP_RETRY_S)
-        deadline, delay = loop.time() + wait_s, 0.05
+        instance owns it, or it is moving to one. Asked again while the backend is away,
+        for up to `EDIT_LOOKUP_RETRY_S` (a blip is bridged), then `BackendUnavailable`."""
+        loop, wait_s = asyncio.get_running_loop(), EDIT_LOOKUP_RETRY_S
+        deadline, delay = loop.time() + min(self.env.settings.run_lease_s / 2, wait_s), 0.05
         while True:
             try:
                 record = await self.env.registry.active_run(self.document_id)
