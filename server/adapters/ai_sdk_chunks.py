@@ -14,8 +14,9 @@ failed or timed-out one.
 
 Steps: content (text, a tool's input, an approval request) opens a step
 (`start-step`), a segment's `finish` closes it (`finish-step`), content that
-follows tool results opens the next one, and results that open a segment (the
-client's answer) open the step the run goes on in. The AI SDK's
+follows tool results opens the next one, as does the text of the next model
+call (after one whose calls were all invalid: no tool events), and results that
+open a segment (the client's answer) open the step the run goes on in. The AI SDK's
 `lastAssistantMessageIsCompleteWithToolCalls` (what `useChat` apps pass as
 `sendAutomaticallyWhen`) looks at the last step only: without steps, a finished
 run whose tools all had their outputs looked like one waiting for them to be
@@ -70,13 +71,24 @@ class AiSdkTranslator:
         # follows a run answered elsewhere opens its segment after translating the event.
         return [{"type": "start", "messageId": self.message_id}]
 
-    def _content(self) -> list[Chunk]:
-        """What goes before new content: a step opened, or the next one after results."""
-        if self.step_open and not self.step_has_results:
+    def _content(self, message: str | None = None) -> list[Chunk]:
+        """What goes before new content (`message`: a model call's text): a step opened,
+        or the next one after results or after an earlier model call."""
+        if self.step_open and not self.step_has_results and not self._next_call(message):
             return []
         chunks: list[Chunk] = [{"type": "finish-step"}] if self.step_open else []
         self.step_open, self.step_has_results, self.step_content = True, False, []
         return [*chunks, {"type": "start-step"}]
+
+    def _next_call(self, message: str | None) -> bool:
+        """Whether `message` begins after other content of the open step: the text of the
+        next model call, which gets a step of its own. A model call whose calls were all
+        invalid publishes no tool events, and the next call's text joined its step, where
+        `reset-step` could not take it back when the run moved mid-text (a replay left it
+        out). Never while another text is open: `finish-step` ends text parts in `ai` 5
+        and 6, and that text's next chunk would fail the chat."""
+        others = set(self.step_content) - {message}
+        return message is not None and bool(others) and not others & set(self.open_texts)
 
     def _finish(self, reason: str) -> list[Chunk]:
         chunks: list[Chunk] = [{"type": "finish-step"}] if self.step_open else []
@@ -94,7 +106,8 @@ class AiSdkTranslator:
             chunks: list[Chunk] = []
             if event.message_id not in self.open_texts:
                 self.open_texts.append(event.message_id)
-                chunks += [*self._content(), {"type": "text-start", "id": event.message_id}]
+                chunks += [*self._content(event.message_id),
+                           {"type": "text-start", "id": event.message_id}]
                 self.step_content.append(event.message_id)
             chunks.append({"type": "text-delta", "id": event.message_id, "delta": event.delta})
             return chunks, False
@@ -104,7 +117,8 @@ class AiSdkTranslator:
                 return [{"type": "text-end", "id": event.message_id}], False
             if not event.text:
                 return [], False
-            chunks = [*self._content(), {"type": "text-start", "id": event.message_id},
+            chunks = [*self._content(event.message_id),
+                      {"type": "text-start", "id": event.message_id},
                       {"type": "text-delta", "id": event.message_id, "delta": event.text},
                       {"type": "text-end", "id": event.message_id}]
             self.step_content.append(event.message_id)
