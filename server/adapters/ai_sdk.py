@@ -180,8 +180,9 @@ chunk type they do not know. The WebSocket transport exists from `ai` 7 only."""
 
 
 def accepts_resets(request: Request) -> bool:
-    version = request.headers.get(RESETS_HEADER, "").strip()
-    return version.isdigit() and int(version) >= 7
+    """`7`, `7.0.173`, `v7`: the major version counts."""
+    major = re.match(r"v?(\d{1,6})(?!\d)", request.headers.get(RESETS_HEADER, "").strip())
+    return major is not None and int(major.group(1)) >= 7
 
 
 async def open_segment(services: Services, runs: ChatRuns, document_id: str,
