@@ -197,6 +197,10 @@ async def _open(services: Services, runs: ChatRuns, document_id: str, request: R
         # A prompt whose history holds tool messages goes on as that user's prompt.
         existing = None if isinstance(found, Error) else found
     message = _answer(existing, data) if existing is not None else None
+    if existing is not None and message is None and not existing.finished and \
+            _answers_something(data):  # its call may have been asked elsewhere just now
+        await existing.link.catch_up()
+        message = _answer(existing, data)
     if existing is not None and message is not None:
         if principal.user_id != existing.link.conn.user_id:
             raise HttpFailure(ErrorCode.FORBIDDEN, "only the run's user may answer it")

@@ -196,6 +196,9 @@ async def open_segment(services: Services, runs: ChatRuns, document_id: str,
         if isinstance(existing, Error):
             raise HttpFailure.of(existing)
         message = _answer_in(existing, last) if existing is not None else None
+        if existing is not None and message is None and not existing.finished:
+            await existing.link.catch_up()  # the call may have been asked elsewhere just now
+            message = _answer_in(existing, last)
         if existing is not None and message is not None:
             if principal.user_id != existing.link.conn.user_id:
                 raise HttpFailure(ErrorCode.FORBIDDEN, "only the run's user may answer it")

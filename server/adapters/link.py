@@ -42,6 +42,8 @@ from server.session import DocumentSession
 
 logger = logging.getLogger("cowrite.adapters")
 REPLY_TIMEOUT_S = 10.0
+CATCH_UP_S = 2.0
+"""How long `catch_up` waits for the events another instance logged to arrive here."""
 
 Answer = Ack | Error
 
@@ -133,6 +135,22 @@ class RunLink:
                 raise ResumeFailed("the document's events did not arrive in time") from None
             finally:
                 self._caught_up = None
+
+    async def catch_up(self, timeout_s: float = CATCH_UP_S) -> None:
+        """Until every event the log holds now has been handed to `on_event` (or
+        `timeout_s`). Another instance's events reach this one by pub/sub a few ms after
+        they are logged: a frontend's answer posted here right after the run asked for
+        it elsewhere found no pending call and was refused 409 (seen under load)."""
+        head = await self.services.backend.head(self.document_id)
+        if self.last_seq >= head.last_seq or self._caught_up is not None or self.closed:
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._caught_up = (head.last_seq, done)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done, timeout_s)
+        finally:
+            self._caught_up = None
 
     async def ask(self, message: ClientMessage) -> Answer:
         """Hand `message` (whose `id` must be set) to the session; its ack or error.
