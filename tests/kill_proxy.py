@@ -23,6 +23,7 @@ class _Proxy:
         self.port = free_port()
         self.fired = asyncio.Event()
         self._server: asyncio.Server | None = None
+        self._streams: set[asyncio.StreamWriter] = set()  # both ends of every connection
 
     @property
     def url(self) -> str:
@@ -33,8 +34,14 @@ class _Proxy:
         return self
 
     async def __aexit__(self, *_: object) -> None:
+        """Closes what is still open too: a connection's pipes left running when the
+        test's loop closed left their sockets to the collector, whose ResourceWarning
+        then failed whichever later test it fell in (seen once in CI)."""
         if self._server is not None:
             self._server.close()
+        for stream in list(self._streams):
+            stream.transport.abort()
+        self._streams.clear()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
                      ) -> None:
@@ -44,12 +51,16 @@ class _Proxy:
             writer.close()
             return
         cut = asyncio.Event()  # the marked command ran: its reply never comes back
-        await asyncio.gather(self._up(reader, up_writer, cut),
-                             self._down(up_reader, writer, up_writer, cut),
-                             return_exceptions=True)
-        for stream in (writer, up_writer):
-            with contextlib.suppress(Exception):
-                stream.close()
+        self._streams.update((writer, up_writer))
+        try:
+            await asyncio.gather(self._up(reader, up_writer, cut),
+                                 self._down(up_reader, writer, up_writer, cut),
+                                 return_exceptions=True)
+        finally:  # a cancel too
+            for stream in (writer, up_writer):
+                self._streams.discard(stream)
+                with contextlib.suppress(Exception):
+                    stream.close()
 
     def _armed(self) -> bool:
         raise NotImplementedError
