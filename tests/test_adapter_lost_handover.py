@@ -42,6 +42,21 @@ def _answer(first: list[Any]) -> dict[str, Any]:
              "state": "output-available", "input": {}, "output": {"text": "hi"}}]}]}
 
 
+async def _answer_held(http: httpx.AsyncClient, chat: str, proxy: DelayReplyProxy
+                       ) -> tuple[dict[str, Any], "asyncio.Task[tuple[int, list[Any]]]"]:
+    """The chat's run asks for a tool; the answer is posted and its `tool.done` logged,
+    the reply to that write held at the proxy: the answer, its request still waiting."""
+    status, first = await sse(http, "POST", chat, {
+        "id": "chat", "messages": [user_message(READ_THEN_SAY)], "tools": [READ]})
+    assert status == 200 and first[-2]["finishReason"] == "tool-calls"
+    answer = _answer(first)
+    proxy.armed = True
+    posting = asyncio.create_task(sse(http, "POST", chat, answer))
+    await asyncio.wait_for(proxy.fired.wait(), 10)
+    await asyncio.sleep(0.3)  # the tool.done is logged; the owner waits on the reply
+    return answer, posting
+
+
 @pytest.mark.parametrize("then", ["retry", "reconnect"])
 async def test_ai_sdk_an_answer_in_flight_when_its_owner_drains(then: str) -> None:
     async with redis_process() as redis, \
@@ -51,14 +66,7 @@ async def test_ai_sdk_an_answer_in_flight_when_its_owner_drains(then: str) -> No
             joined(survivor, "hand", sub="bob", client_id="watcher") as (watcher, _), \
             httpx.AsyncClient(timeout=15) as http:
         chat = f"{owner.http}/v1/ai-sdk/hand/chat"
-        status, first = await sse(http, "POST", chat, {
-            "id": "chat", "messages": [user_message(READ_THEN_SAY)], "tools": [READ]})
-        assert status == 200 and first[-2]["finishReason"] == "tool-calls"
-        answer = _answer(first)
-        proxy.armed = True
-        posting = asyncio.create_task(sse(http, "POST", chat, answer))
-        await asyncio.wait_for(proxy.fired.wait(), 10)
-        await asyncio.sleep(0.3)  # the tool.done is logged; the owner waits on the reply
+        answer, posting = await _answer_held(http, chat, proxy)
         draining = asyncio.create_task(drain(owner.services, timeout_s=3.0))
         await asyncio.sleep(0.3)
         proxy.release.set()
@@ -91,14 +99,7 @@ async def test_ai_sdk_an_answer_in_flight_when_the_log_is_reset() -> None:
             running_server(redis_url=proxy.url) as owner, \
             httpx.AsyncClient(timeout=15) as http:
         chat = f"{owner.http}/v1/ai-sdk/reset/chat"
-        status, first = await sse(http, "POST", chat, {
-            "id": "chat", "messages": [user_message(READ_THEN_SAY)], "tools": [READ]})
-        assert status == 200 and first[-2]["finishReason"] == "tool-calls"
-        answer = _answer(first)
-        proxy.armed = True
-        posting = asyncio.create_task(sse(http, "POST", chat, answer))
-        await asyncio.wait_for(proxy.fired.wait(), 10)
-        await asyncio.sleep(0.3)
+        _, posting = await _answer_held(http, chat, proxy)
         admin = aioredis.Redis(port=redis.port)
         try:
             await admin.delete("cw:{reset}:meta", "cw:{reset}:log")
