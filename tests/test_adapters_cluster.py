@@ -225,8 +225,9 @@ async def test_a_handed_over_run_shows_its_answer_once() -> None:
 def test_a_live_stream_ends_the_discarded_message() -> None:
     """What a live frontend sees of `message.discarded` (the run moved mid-text): the
     discarded message ends; the AI SDK's `reset-step` takes its text back (left out
-    by `Segment` for frontends that do not say they run `ai` 7), AG-UI's stays
-    (no event removes one message); the answer follows in a new message."""
+    by `Segment` for frontends that do not say they run `ai` 7), AG-UI's translator
+    keeps a marker that each response turns into a `MESSAGES_SNAPSHOT` without it
+    (tests/test_agui_handover_text.py); the answer follows in a new message."""
     delta = MessageDelta(run_id="r", message_id="m1", delta="Hel")
     gone = MessageDiscarded(run_id="r", message_id="m1")
     again = MessageDelta(run_id="r", message_id="m1.r1", delta="Hello")
@@ -239,7 +240,8 @@ def test_a_live_stream_ends_the_discarded_message() -> None:
     agui = AguiTranslator("t", "r")
     events = [e.type for x in (delta, gone, again) for e in agui.translate(x, False)[0]]
     assert events == ["TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END",
-                      "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT"]
+                      "CUSTOM", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT"]
+    assert agui.translate(gone, False) == ([], False)  # once
 
 
 async def test_a_moved_chat_waits_for_its_frontend_longer_than_the_client_grace() -> None:

@@ -18,8 +18,9 @@ response whose link the server closed (a drain, the document log reset) ends wit
 `RUN_ERROR` (`code` `connection_lost`) while the run goes on. An input sent again whose
 answer the run applied (its first request failed) streams the rest again, once, if it
 never reached the frontend (delivery.py), with that input's ids. A run that moves to
-another instance mid-text ends the discarded message (`TEXT_MESSAGE_END`; its text
-stays) and streams the answer again as a new message.
+another instance mid-text ends the discarded message (`TEXT_MESSAGE_END`), takes it
+back with a `MESSAGES_SNAPSHOT` of the frontend's messages without it (agui_mirror),
+and streams the answer again as a new message.
 """
 
 from collections.abc import AsyncIterator
@@ -28,6 +29,7 @@ from typing import Any
 import orjson
 from ag_ui.core import (
     BaseEvent,
+    Message,
     RunAgentInput,
     RunFinishedEvent,
     RunStartedEvent,
@@ -44,6 +46,7 @@ from protocol.server import (
     Error,
 )
 from server.adapters.agui_events import AguiTranslator
+from server.adapters.agui_mirror import MessageMirror
 from server.adapters.ai_sdk import thread_for
 from server.adapters.chat import ChatRun, ChatRuns
 from server.adapters.chat_run import Kind
@@ -263,10 +266,16 @@ async def _ids_of(events: AsyncIterator[BaseEvent], ids: tuple[str, str]
         yield event
 
 
-async def _sse(events: AsyncIterator[BaseEvent]) -> AsyncIterator[str]:
+async def _sse(events: AsyncIterator[BaseEvent], messages: list[Message]
+               ) -> AsyncIterator[str]:
+    """The response's events, a discarded message's marker made into the snapshot of
+    this frontend's messages without it (agui_mirror)."""
     encoder = EventEncoder()
+    mirror = MessageMirror(messages)
     async for event in events:
-        yield encoder.encode(event)
+        sent = mirror.apply(event)
+        if sent is not None:
+            yield encoder.encode(sent)
 
 
 async def post_agui(request: Request) -> Response:
@@ -288,5 +297,5 @@ async def post_agui(request: Request) -> Response:
     events = run.follow(start)
     if again:
         events = _ids_of(events, (data.thread_id, data.run_id))
-    return StreamingResponse(_sse(events), media_type="text/event-stream",
+    return StreamingResponse(_sse(events, data.messages), media_type="text/event-stream",
                              headers={"cache-control": "no-cache", "x-accel-buffering": "no"})

@@ -4,7 +4,9 @@ The mapping the module docstring of `agui.py` describes: text messages, tool cal
 (a client call ends the response with `RUN_FINISHED` `outcome: success` and its
 `pendingToolCallIds`; an approval with `outcome: interrupt`), server tools' results,
 and the run's end (`outcome: cancelled` for a cancelled or aborted run, `RUN_ERROR`
-for a failed one, or when the link to the document was lost).
+for a failed one, or when the link to the document was lost). A message discarded
+(the run moved to another instance mid-text) is ended and then taken back by a
+`MESSAGES_SNAPSHOT` (agui_mirror).
 """
 
 from typing import Any
@@ -38,6 +40,7 @@ from protocol.server import (
     ToolCall,
     ToolDone,
 )
+from server.adapters.agui_mirror import discarded_marker
 
 
 class AguiTranslator:
@@ -47,6 +50,7 @@ class AguiTranslator:
     def __init__(self, thread_id: str, run_id: str) -> None:
         self.ids = (thread_id, run_id)
         self.open_texts: list[str] = []
+        self.texts: set[str] = set()  # messages whose text was sent: a discard takes it back
         self.client_calls: set[str] = set()
         self.started_calls: set[str] = set()  # TOOL_CALL_START sent: a result may follow
 
@@ -64,6 +68,7 @@ class AguiTranslator:
             events: list[BaseEvent] = []
             if event.message_id not in self.open_texts:
                 self.open_texts.append(event.message_id)
+                self.texts.add(event.message_id)
                 events.append(TextMessageStartEvent(message_id=event.message_id,
                                                     role="assistant"))
             if event.delta:
@@ -76,15 +81,21 @@ class AguiTranslator:
                 return [TextMessageEndEvent(message_id=event.message_id)], False
             if not event.text:
                 return [], False
+            self.texts.add(event.message_id)
             return [TextMessageStartEvent(message_id=event.message_id, role="assistant"),
                     TextMessageContentEvent(message_id=event.message_id, delta=event.text),
                     TextMessageEndEvent(message_id=event.message_id)], False
         if isinstance(event, MessageDiscarded):  # its model call is made again: the text
-            # streamed so far stays shown (AG-UI cannot take it back) and is ended here
+            # streamed so far is ended, then taken back by each response's own
+            # MESSAGES_SNAPSHOT (agui_mirror: the list depends on the request's messages)
+            if event.message_id not in self.texts:
+                return [], False
+            self.texts.discard(event.message_id)
+            ended: list[BaseEvent] = []
             if event.message_id in self.open_texts:
                 self.open_texts.remove(event.message_id)
-                return [TextMessageEndEvent(message_id=event.message_id)], False
-            return [], False
+                ended.append(TextMessageEndEvent(message_id=event.message_id))
+            return [*ended, discarded_marker(event.message_id)], False
         if isinstance(event, ToolCall):
             self.started_calls.add(event.call_id)
             events = [*self._close_texts(), *_call(event.call_id, event.name, event.arguments)]
