@@ -30,7 +30,11 @@ before exporting; with a provider given to `use_provider`, to its span
 processors (`on_end`, as `Span.end` does). What the SDK would do is honoured:
 the provider's resource, id generator and sampler (asked once per run, as
 `ParentBased` would: children follow the run's decision; the standard
-`OTEL_TRACES_SAMPLER` variables configure it). What it gives up: processors
+`OTEL_TRACES_SAMPLER` variables configure it). A run's trace id is a hash of its
+document and run ids (with the SDK's random id generator), so a run taken over by
+another instance goes on in the same trace: a second `cowrite.run` span (with
+`cowrite.resumed`) beside the one that ended `moved` there, and the same sampling
+decision for a ratio sampler. What it gives up: processors
 see spans only when they end (`on_start` and `_on_ending` are not called; the
 SDK's batch and simple processors ignore both), and attribute values are not
 checked (they are ids, names and statuses: strings and ints set here, never
@@ -39,6 +43,7 @@ user input but the opt-in prompt).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -103,8 +108,14 @@ class RunTracer:
 
         self._deliver, self.batcher = deliver, batcher
         self._sampler = tracer.sampler
+        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
         self._span_id = tracer.id_generator.generate_span_id
         self._trace_id = tracer.id_generator.generate_trace_id
+        # The SDK's own random ids: a run's trace id is then its ids' hash, the same on
+        # every instance it runs on (a takeover goes on in the run's trace). A provider
+        # with an id generator of its own (X-Ray's carries a time) keeps its ids.
+        self._shared_trace = type(tracer.id_generator) is RandomIdGenerator
         self._kind = SpanKind.INTERNAL
         self._drop, self._sample = Sampling.DROP, Sampling.RECORD_AND_SAMPLE
         self._capture_text = capture_text
@@ -141,7 +152,8 @@ class RunTracer:
             attributes["cowrite.resumed"] = event.reason
         if self._capture_text:
             attributes["cowrite.prompt"] = state.prompt
-        trace_id = self._trace_id()
+        trace_id = run_trace_id(state.document_id, state.run_id) if self._shared_trace \
+            else self._trace_id()
         sampled = self._sampler.should_sample(None, trace_id, "cowrite.run", self._kind,
                                               attributes)
         if sampled.decision is self._drop:
@@ -244,6 +256,13 @@ class RunTracer:
         self.flush()
         if self.batcher is not None:
             self.batcher.shutdown()
+
+
+def run_trace_id(document_id: str, run_id: str) -> int:
+    """The trace id of a run's spans on every instance: 128 bits of a hash of its ids
+    (random enough for a sampler's ratio; a run id is unique per document)."""
+    digest = hashlib.blake2b(f"{document_id}\0{run_id}".encode(), digest_size=16).digest()
+    return int.from_bytes(digest, "big") or 1  # 0 is the invalid trace id
 
 
 # The process's run tracer; None when tracing is off (the driver's hook tests it).

@@ -154,7 +154,8 @@ async def test_a_run_whose_driver_fails_still_ends_its_spans(
 def test_a_run_that_moves_ends_its_spans_here_and_is_traced_where_it_goes_on(
         exporter: InMemorySpanExporter) -> None:
     """A run handed to another instance (its lease lost here, `Resume` there) ended no
-    span on the instance it left and opened none on the one that took it over."""
+    span on the instance it left and opened none on the one that took it over; now
+    both end theirs, in one trace (it was two traces: nothing tied them together)."""
     tracer = tracing.configure(make_settings(otel=True))
     assert tracer is not None
     machine = RunMachine(MachineConfig(signer=Authenticator(make_settings()),
@@ -170,6 +171,8 @@ def test_a_run_that_moves_ends_its_spans_here_and_is_traced_where_it_goes_on(
     assert left.attributes is not None and left.attributes["cowrite.status"] == "moved"
     assert left.status.status_code is StatusCode.UNSET
     exporter.clear()
+    tracer = tracing.configure(make_settings(otel=True))  # the instance that takes it over
+    assert tracer is not None
     taken = RunState(run_id="r-moved", document_id="d", mode="agent", user_id="u",
                      client_id="c", prompt="p", model="m", max_steps=5, phase="model",
                      status="running", step=1, message_id="r-moved:m1")
@@ -182,6 +185,43 @@ def test_a_run_that_moves_ends_its_spans_here_and_is_traced_where_it_goes_on(
     assert resumed.attributes is not None
     assert resumed.attributes["cowrite.resumed"] == "owner_lost"
     assert resumed.attributes["cowrite.status"] == "cancelled"
+    assert left.context is not None and resumed.context is not None
+    assert resumed.context.trace_id == left.context.trace_id
+    assert resumed.context.span_id != left.context.span_id
+    assert left.context.trace_id == tracing.run_trace_id("d", "r-moved") != \
+        tracing.run_trace_id("d2", "r-moved")
+
+
+def test_a_providers_own_id_generator_keeps_making_the_trace_ids() -> None:
+    """An operator's id generator (X-Ray's carries a time) is not replaced by the
+    hash: each run span gets its ids from it."""
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    class Counting(RandomIdGenerator):
+        def generate_trace_id(self) -> int:
+            return 42
+
+    spans = InMemorySpanExporter()
+    provider = TracerProvider(id_generator=Counting())
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    tracing.use_provider(provider)
+    try:
+        tracer = tracing.configure(make_settings(otel=True))
+        assert tracer is not None
+        machine = RunMachine(MachineConfig(signer=Authenticator(make_settings()),
+                                           tool_timeout_s=60, approval_timeout_s=60,
+                                           run_timeout_s=600, client_grace_s=30))
+        state = RunState(run_id="r-own", document_id="d", mode="agent", user_id="u",
+                         client_id="c", prompt="p", model="m", max_steps=5)
+        for event in (Begin(0, "start"), Cancel("u", "c")):
+            decision = machine.decide(state, event)
+            tracer.observe(event, decision)
+            state = decision.state
+        (run,) = _named(spans.get_finished_spans(), "cowrite.run")
+        assert run.context is not None and run.context.trace_id == 42
+    finally:
+        tracing.use_provider(None)
+        tracing.active = None
 
 
 async def test_the_providers_sampler_decides_per_run(exporter: InMemorySpanExporter) -> None:
