@@ -24,6 +24,14 @@ WorkflowName = Annotated[str, StringConstraints(pattern=THREAD_ID_PATTERN)]
 DEFAULT_THREAD = "main"
 ToolName = Annotated[str, StringConstraints(pattern=TOOL_NAME_PATTERN)]
 JsonObject = dict[str, Any]
+VERSION_MAX_CHARS = 128
+# A document version a client sends: logged with every `document.changed` and every
+# `tool.call`, so a string is bounded (a 500 KB one per edit filled a document's log
+# with 10,000 of them: gigabytes in memory or Redis).
+DocumentVersion = int | Annotated[str, StringConstraints(max_length=VERSION_MAX_CHARS)]
+NOTE_MAX_CHARS = 2000
+Note = Annotated[str, StringConstraints(max_length=NOTE_MAX_CHARS)]
+"""Free text from a client for the model or the logs (a summary, a reason)."""
 
 
 class WireModel(BaseModel):

@@ -12,10 +12,12 @@ from pydantic import Field, TypeAdapter, model_validator
 from protocol.base import (
     DEFAULT_THREAD,
     DOCUMENT_ID_PATTERN,
+    DocumentVersion,
     Identifier,
     JsonObject,
     MessageId,
     NonNegativeInt,
+    Note,
     Offset,
     ThreadId,
     ToolName,
@@ -70,7 +72,7 @@ class DocumentContext(WireModel):
 
     text: str
     """The document's content."""
-    version: int | str | None = None
+    version: DocumentVersion | None = None
     """The editor's version of this content, if it keeps one."""
     format: str | None = None
     """E.g. `markdown`, `html`, `plain`; free text for the model."""
@@ -188,7 +190,7 @@ class ToolResult(ClientMessageBase):
     """The tool's result, any JSON (null included); the model sees it."""
     error: ToolError | None = None
     """Instead of `output`: the tool failed."""
-    document_version: int | str | None = None
+    document_version: DocumentVersion | None = None
     """The document's version after the tool ran, if it changed it."""
 
     @model_validator(mode="before")
@@ -209,7 +211,7 @@ class Approval(ClientMessageBase):
     """`approval.requested.call_id`."""
     decision: Literal["approve", "reject"]
     """`approve` dispatches the call; `reject` tells the model the user said no."""
-    reason: str | None = None
+    reason: Note | None = None
     """Why, for the model (with `reject`)."""
     scope: Literal["call", "run"] = "call"
     """`run` approves this tool for the rest of the run."""
@@ -231,7 +233,7 @@ class RunCancel(ClientMessageBase):
     type: Literal["run.cancel"]
     run_id: Identifier
     """The run to cancel."""
-    reason: str | None = None
+    reason: Note | None = None
     """Free text, for the logs."""
 
 
@@ -239,11 +241,11 @@ class EditorChange(ClientMessageBase):
     """The document changed in this editor; broadcast as `document.changed`."""
 
     type: Literal["editor.change"]
-    document_version: int | str | None = None
+    document_version: DocumentVersion | None = None
     """The editor's version after the change."""
     origin: Literal["user", "agent"] = "user"
     """`user` aborts the active run; `agent` (edits made by tool calls) never does."""
-    summary: str | None = None
+    summary: Note | None = None
     """What changed, in a few words."""
     changes: list[TextChange] | None = Field(default=None, max_length=1024)
     """The edits, in order, each in the coordinates left by the previous one (1.1).

@@ -23,8 +23,10 @@ async def test_back_to_back_deltas_merge_before_logging(server: Server) -> None:
     text merged: fewer, larger events, the same text, the same stream on replay."""
     async with joined(server) as (client, welcome):
         ack = await start(client, script({"say": TEXT}, chunk_chars=3))
-        done = await client.recv_until("message.done")
-        await client.recv_until("run.finished")
+        done = await client.recv_until(lambda e: e.get("type") == "message.done" and
+                                       e.get("run_id") == ack["run_id"])
+        await client.recv_until(lambda e: e.get("type") == "run.finished" and
+                                e.get("run_id") == ack["run_id"])
         deltas = of_run(client.events, ack["run_id"], "message.delta")
         assert "".join(d["delta"] for d in deltas) == TEXT == done["text"]
         assert len(deltas) < 1000
@@ -58,17 +60,12 @@ async def test_a_stream_reached_late_sends_the_text_due_as_one_delta_live_and_on
 
 async def test_backed_up_connection_makes_deltas_merge_without_loss() -> None:
     async with running_server(rate_messages_per_s=0) as srv, joined(srv) as (client, welcome):
-        stuck = await RawClient.connect(srv.settings.port, "/v1/documents/doc-1/ws")
-        stuck.send({"type": "hello", "protocol": 1, "client_id": "stuck", "token": token("sam")})
-        bulky = "v" * 100_000
-        for _ in range(8):  # ~8 MB that the stuck client does not read
-            for i in range(10):
-                await client.send({"type": "editor.change", "document_version": f"{i}:{bulky}"})
-            for _ in range(10):
-                await client.recv_until("document.changed")
+        stuck = await _stalled(srv, client)  # MBs of text the stuck client does not read
         ack = await start(client, script({"say": TEXT}, chunk_chars=3))
-        done = await client.recv_until("message.done")
-        await client.recv_until("run.finished")
+        done = await client.recv_until(lambda e: e.get("type") == "message.done" and
+                                       e.get("run_id") == ack["run_id"])
+        await client.recv_until(lambda e: e.get("type") == "run.finished" and
+                                e.get("run_id") == ack["run_id"])
         deltas = of_run(client.events, ack["run_id"], "message.delta")
         assert "".join(d["delta"] for d in deltas) == TEXT == done["text"]
         assert len(deltas) < 1000  # 1,000 chunks were merged into fewer events
