@@ -27,6 +27,7 @@ from protocol.server import (
     MessageDelta,
     Welcome,
 )
+from server.agent.edits import edit_key
 from server.backends.base import (
     Backend,
     BackendUnavailable,
@@ -195,13 +196,19 @@ class DocumentSession:
             await self.runs.handle(conn, message)
 
     async def editor_changed(self, conn: Connection, message: EditorChange) -> None:
+        """The run decides, then `document.changed` is logged. Either may fail
+        `unavailable`, and the client sends the edit again under its `id`: the run
+        applies it once (`RunState.edit_keys`), and the log has it once (its write id:
+        an append whose reply was lost is not done twice)."""
         await self.runs.on_edit(conn, message)
+        key = None if message.id is None else edit_key(conn.client_id, message.to_wire())
         await self.publish(DocumentChanged(
             document_version=message.document_version, user_id=conn.user_id,
             client_id=conn.client_id, origin=message.origin, changes=None if
             message.changes is None else [ChangeSpan(**{"from": c.from_, "to": c.to,
                                                          "insert": c.insert})
-                                           for c in message.changes]))
+                                           for c in message.changes]),
+            write_id="" if key is None else f"edit.{key}")
         if message.id is not None:
             conn.ack(message.id)
 
@@ -225,13 +232,18 @@ class DocumentSession:
                 return True
         return False
 
-    async def publish(self, event: DurableServerEvent) -> LoggedEvent | None:
-        """Log and fan out `event` (after any delta held back for merging)."""
+    async def publish(self, event: DurableServerEvent, write_id: str = ""
+                      ) -> LoggedEvent | None:
+        """Log and fan out `event` (after any delta held back for merging); with a
+        `write_id`, once however many attempts reach the log (`Backend.append_once`)."""
         if isinstance(event, MessageDelta):
             await self.publish_delta(event.run_id, event.message_id, event.delta)
             return None
         async with self._publish_lock:
             await self._flush_locked()
+            if write_id:
+                return await self.backend.append_once(self.document_id, event.to_wire(),
+                                                      write_id)
             return await self.backend.append(self.document_id, event.to_wire())
 
     async def publish_many(self, events: Sequence[DurableServerEvent],

@@ -89,6 +89,10 @@ const HEARTBEAT_SLACK_MS = 5000;
 /** How many times `cancelRun` sends a cancel the server answered `unavailable`. */
 const CANCEL_ATTEMPTS = 10;
 
+/** How many times an editor.change is sent while the server answers `unavailable` or
+ * `rate_limited` (then it is given up and the edits after it go). */
+const EDIT_ATTEMPTS = 10;
+
 /** A run's status while it is active or waits in line (an ack's `status`). */
 const ACTIVE_STATUSES = new Set(["running", "waiting_tool", "waiting_approval", "queued"]);
 
@@ -308,8 +312,24 @@ export class CowriteClient extends EventTarget {
     this.editsFloor = null;
     /** @type {Map<string, {scope: import("./edits.js").ScopeRange[]|null, version: unknown}>} */
     this.runScopes = new Map();
-    /** editorChange calls made while the connection was not open, sent after the next welcome */
+    /** editorChange calls made while the connection was not open, sent after the next
+     * welcome, or while an edit refused for a moment waits (`refusedEdits`), sent after it */
     this.unsentEdits = [];
+    /** editor.change ids: an id names one edit (the server applies an edit sent again
+     * under its id once), so this client's are its own prefix and a counter */
+    this.editIds = { prefix: randomId("e"), next: 0 };
+    /** @type {Map<string, object>} editor.changes sent on this connection and not answered */
+    this.editsSent = new Map();
+    /**
+     * editor.changes the server refused for a moment (`unavailable`: Redis away;
+     * `rate_limited`), in order. The first is sent again, the same message under the same
+     * id, after the refusal's `retry_after_ms`; the others, and every edit made meanwhile
+     * (in `unsentEdits`), wait until it is accepted, so no later edit overtakes it.
+     * @type {{message: object, attempts: number}[]}
+     */
+    this.refusedEdits = [];
+    /** bumped by each retry scheduled and each welcome: an older retry timer does nothing */
+    this.editRetry = 0;
     /**
      * Runs whose run.start was sent but whose answer was lost with the connection: the run
      * may be going (its scope is kept), or may never have reached the server. The next
@@ -459,13 +479,19 @@ export class CowriteClient extends EventTarget {
    * otherwise), "agent" (tool edits) never does. `changes` ([{from, to, insert}], see
    * diffChange) are sent only to a server that supports `edit_scope`; they are kept
    * either way, with `documentVersion`, for the stale-call rule.
-   * Returns true when sent; false when the connection is not open: the edit is then
-   * kept and sent after the next welcome (consecutive ones of an origin as one message).
+   * Each editor.change carries an `id`. One the server refuses for a moment
+   * (`unavailable`, `rate_limited`) is sent again as it was after `retry_after_ms`, up to
+   * EDIT_ATTEMPTS times, and the edits after it wait for it (see `refusedEdits`); the
+   * server applies an edit sent again under its id once.
+   * Returns true when the connection is open (the edit is sent, or sent after the refused
+   * one it waits for); false when it is not: the edit is then kept and sent after the next
+   * welcome. Edits that wait go as one message per run of consecutive edits of an origin.
    */
   editorChange({ origin = "user", documentVersion, summary, changes } = {}) {
     this.#record({ version: documentVersion, origin, changes: changes ?? null });
     const edit = { origin, documentVersion, summary, changes };
-    if (this.state !== "open" || this.ws?.readyState !== 1) {
+    const open = this.state === "open" && this.ws?.readyState === 1;
+    if (!open || this.refusedEdits.length) {
       const last = this.unsentEdits.at(-1);
       if (last?.origin === origin) { // changes apply in order: one message holds them all
         last.changes = last.changes && changes && [...last.changes, ...changes];
@@ -474,7 +500,7 @@ export class CowriteClient extends EventTarget {
       } else {
         this.unsentEdits.push({ ...edit, changes: changes && [...changes] });
       }
-      return false;
+      return open;
     }
     this.#sendEdit(edit);
     return true;
@@ -486,14 +512,69 @@ export class CowriteClient extends EventTarget {
 
   // -- internals ---------------------------------------------------------------
   #sendEdit({ origin, documentVersion, summary, changes }) {
-    const message = { type: "editor.change", origin, document_version: documentVersion, summary };
+    const id = `${this.editIds.prefix}.${++this.editIds.next}`;
+    const message = { type: "editor.change", id, origin, document_version: documentVersion,
+                      summary };
     const withChanges = changes !== undefined && this.supports("edit_scope");
+    let sent = withChanges ? { ...message, changes } : message;
     try {
-      this.send(withChanges ? { ...message, changes } : message);
+      this.send(sent);
     } catch (error) { // too_large: so many changes; without them, it touches everything
       if (!withChanges) throw error;
-      this.send(message);
+      this.send(sent = message);
     }
+    this.editsSent.set(id, sent);
+  }
+
+  /** The edits kept while the connection was away or an edit was refused, in order. One
+   * too large even without its changes (a huge summary) goes without the summary: a throw
+   * here would leave the client welcomed yet never open, the rest unsent. */
+  #sendUnsentEdits() {
+    for (const edit of this.unsentEdits.splice(0)) {
+      try {
+        this.#sendEdit(edit);
+      } catch {
+        try { this.#sendEdit({ ...edit, summary: undefined, changes: undefined }); } catch { /* */ }
+      }
+    }
+  }
+
+  /** The answer to one of our editor.changes (see `refusedEdits`). */
+  #editAnswered(event) {
+    const message = this.editsSent.get(event.reply_to);
+    this.editsSent.delete(event.reply_to);
+    const retry = event.type === "error" &&
+      (event.code === "unavailable" || event.code === "rate_limited");
+    const first = this.refusedEdits[0];
+    if (first?.message !== message) { // its first answer
+      if (retry) this.refusedEdits.push({ message, attempts: 1 });
+      if (retry && this.refusedEdits.length === 1) this.#retryEdit(event.retry_after_ms);
+      return;
+    }
+    if (retry && first.attempts < EDIT_ATTEMPTS) {
+      this.#retryEdit(event.retry_after_ms);
+      return;
+    }
+    this.refusedEdits.shift(); // accepted, or refused for good (or too often): the next goes
+    if (this.refusedEdits.length) this.#sendRefusedEdit(); // refused too: its wait is over
+    else this.#sendUnsentEdits();
+  }
+
+  #retryEdit(delay) {
+    const retry = ++this.editRetry;
+    this.setTimer(() => {
+      // Not open: the next welcome sends it (a frame before that would close the socket).
+      if (retry === this.editRetry && this.state === "open") this.#sendRefusedEdit();
+    }, delay ?? 1000);
+  }
+
+  /** The first refused edit, again: the same message, under the same id. */
+  #sendRefusedEdit() {
+    const first = this.refusedEdits[0];
+    if (!first || this.ws?.readyState !== 1) return;
+    first.attempts += 1;
+    this.editsSent.set(first.message.id, first.message);
+    this.send(first.message);
   }
 
   #record(edit) {
@@ -612,6 +693,7 @@ export class CowriteClient extends EventTarget {
       reject(Object.assign(new Error("connection closed"), { code: "connection_closed" }));
     }
     this.waiting.clear();
+    this.editsSent.clear(); // their answers never come (a refused one stays in refusedEdits)
   }
 
   /** `ws` closed (or failed, or went silent): reconnect, or stop, as the close says. */
@@ -681,16 +763,11 @@ export class CowriteClient extends EventTarget {
       this.welcome = event;
       this.seq.onWelcome(event);
       if (!event.resumed) this.#forgetLostRuns(event.active_run);
-      // Edits made while away come first: they happened before anything sent from now on.
-      // One too large even without its changes (a huge summary) goes without the summary:
-      // a throw here would leave the client welcomed yet never open, the rest unsent.
-      for (const edit of this.unsentEdits.splice(0)) {
-        try {
-          this.#sendEdit(edit);
-        } catch {
-          try { this.#sendEdit({ ...edit, summary: undefined, changes: undefined }); } catch { /* */ }
-        }
-      }
+      // Edits made while away come first: they happened before anything sent from now on;
+      // an edit refused for a moment before them first (the others wait for its answer).
+      this.editRetry += 1; // its retry timer, if any, is this send
+      if (this.refusedEdits.length) this.#sendRefusedEdit();
+      else this.#sendUnsentEdits();
       this.#setState("open", { resumed: event.resumed, resumeFailed: event.resume_failed });
       this.#emit(event);
       this.#resumeToolCalls(event);
@@ -705,6 +782,7 @@ export class CowriteClient extends EventTarget {
         if (event.type === "ack") waiter.resolve(event);
         else waiter.reject(Object.assign(new Error(event.message), { event }));
       }
+      if (this.editsSent.has(event.reply_to)) this.#editAnswered(event);
     }
     if (event.type === "tool.done") {
       this.results.delete(event.call_id);

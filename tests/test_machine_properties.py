@@ -29,6 +29,7 @@ from server.agent.steps import (
     Crashed,
     Decision,
     DisarmTimer,
+    DocumentEdited,
     End,
     ExecutorPresence,
     Input,
@@ -65,17 +66,20 @@ ENDINGS = [("aborted", "document_changed"), ("cancelled", "superseded"),
            ("aborted", "server_shutdown"), ("aborted", "server_lost")]
 
 
-def new_state(json_tools: bool, max_steps: int) -> RunState:
+def new_state(json_tools: bool, max_steps: int, on_edit: str = "abort") -> RunState:
     return RunState(run_id="r1", document_id="d1", mode="agent", user_id="alice",
                     client_id="tab", prompt="p", model="m", max_steps=max_steps,
-                    json_tools=json_tools)
+                    json_tools=json_tools, on_edit=on_edit,  # type: ignore[arg-type]
+                    scope=((10, 20),) if on_edit == "overlap" else None)
 
 
 class RunLifecycle(RuleBasedStateMachine):
     @initialize(json_tools=st.booleans(), max_steps=st.integers(1, 6),
-                begin_fails=st.booleans())
-    def begin(self, json_tools: bool, max_steps: int, begin_fails: bool) -> None:
-        self.state = new_state(json_tools, max_steps)
+                begin_fails=st.booleans(),
+                on_edit=st.sampled_from(["abort", "overlap", "continue"]))
+    def begin(self, json_tools: bool, max_steps: int, begin_fails: bool,
+              on_edit: str = "abort") -> None:
+        self.state = new_state(json_tools, max_steps, on_edit)
         self.log: list[Any] = []
         self.replies: list[Any] = []
         self.timers: set[str] = set()
@@ -258,6 +262,27 @@ class RunLifecycle(RuleBasedStateMachine):
         self.timers, self.model_busy, self.tool_busy = set(), False, None
         self.state = restored
         self.apply(Resume("owner_lost", 1500, text_sent, idempotent))
+
+    @rule(key=st.sampled_from([None, "k1", "k2", "k3"]),
+          origin=st.sampled_from(["user", "agent"]),
+          change=st.sampled_from([None, (0, 0, 2), (12, 13, 1), (40, 40, 1)]), now=RARELY)
+    def edited(self, key: str | None, origin: str, change: tuple[int, int, int] | None,
+               now: bool) -> None:
+        """An `editor.change` (a person's ends an `abort` run: rarely then). One sent
+        again under the key of an edit the run applied (its sender was told
+        `unavailable` after) changes nothing and logs nothing."""
+        if origin == "user" and self.state.on_edit == "abort" and not now:
+            return
+        event = DocumentEdited("bob", origin, 7, None,  # type: ignore[arg-type]
+                               None if change is None else (change,), key)
+        if key is not None and key in self.state.edit_keys:
+            decision = MACHINE.decide(self.state, event)
+            assert decision.state == self.state and not decision.effects, \
+                "an edit sent again was applied again"
+        before = self.state
+        self.apply(event)
+        if key is not None and not before.finished and not self.state.finished:
+            assert key in self.state.edit_keys, "an applied edit's key was not kept"
 
     @rule(now=RARELY)
     def crashed(self, now: bool) -> None:

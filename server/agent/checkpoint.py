@@ -57,7 +57,7 @@ def from_checkpoint(data: dict[str, Any]) -> RunState:
     for name in ("scope", "usage"):
         if values.get(name) is not None:
             values[name] = tuple(tuple(item) for item in values[name])
-    for name in ("edits", "messages", "tool_results"):
+    for name in ("edits", "edit_keys", "messages", "tool_results"):
         values[name] = tuple(values.get(name) or ())
     known = {f.name for f in fields(RunState)}
     return replace(RunState(**{k: v for k, v in values.items() if k in known}))

@@ -32,6 +32,7 @@ from server.agent.admission import first_state, refusal, toolbox_for
 from server.agent.claim import RELEASE_WAIT_S, claim_document, run_ending
 from server.agent.client_inputs import client_input
 from server.agent.driver import RunDriver
+from server.agent.edits import edit_key
 from server.agent.environment import RunEnvironment
 from server.agent.run_queue import RunQueueMixin
 from server.agent.run_state import TERMINAL, RunState
@@ -127,7 +128,7 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
         the run came to this instance while its owner was looked up (a takeover): the
         edit was dropped. Redis away for the lookup: tried again for up to 2 s, then
         `BackendUnavailable` (a person's edit: `unavailable` before anything is done or
-        broadcast, so its client can send it again; it was dropped, the run not told)."""
+        broadcast, so its client can send it again: under its `id`, applied once)."""
         for _ in range(2):
             driver = self.active
             if not forwarded and driver is not None and not driver.state.finished and \
@@ -162,7 +163,8 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
         changes = None if message.changes is None else tuple(
             (c.from_, c.to, c.insert) for c in message.changes)
         edited = DocumentEdited(peer.user_id, message.origin, message.document_version,
-                                message.summary, changes)
+                                message.summary, changes,
+                                edit_key(peer.client_id, message.to_wire()))
         if not await driver.submit(edited):
             return False
         if driver.state.finished:
@@ -171,8 +173,8 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
 
     def _forward_edit(self, run_id: str, peer: Peer, message: EditorChange) -> None:
         self.env.cluster.post_to_run_owner(self.document_id, run_id, {
-            "kind": "edit", "document_id": self.document_id, "run_id": run_id,
-            "user_id": peer.user_id, "message": message.to_wire()})
+            "kind": "edit", "document_id": self.document_id, "run_id": run_id, "user_id":
+            peer.user_id, "client_id": peer.client_id, "message": message.to_wire()})
 
     async def abort(self, run_id: str, status: FinishedStatus, reason: str) -> None:
         """End the local run `run_id` (asked by another instance). After an interrupt the

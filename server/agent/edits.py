@@ -13,8 +13,11 @@ would push a range past `scope.MAX_OFFSET` makes the scope the whole document
 (no `run.scope`: that event cannot say "the whole document").
 """
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from server.agent import scope as ranges
 from server.agent.run_state import RunState
@@ -70,6 +73,28 @@ def judge_edit(state: RunState, user_id: str, origin: str, version: Any, summary
     note = edit_note(user_id, version, summary, changes)
     return EditVerdict(False, state.evolve(document_version=known, scope=scope,
                                       edits=with_note(state.edits, note)), moved)
+
+
+EDIT_KEYS_KEPT = 32
+"""Keys of the last edits a run applied (`RunState.edit_keys`): a client sends an edit
+again, under the same `id`, after it was refused `unavailable` (its `document.changed`
+could not be logged, or the run's owner not found), and holds its later edits until
+then (static/client.js), so a resend comes while its key is among the last few."""
+
+
+def edit_key(client_id: str, message: dict[str, Any]) -> str | None:
+    """What names one `editor.change` (`message`, its wire form) for the run and the
+    log: its sender and `id` (None without one: it cannot be sent again as itself), and
+    its content, so an `id` a client used again for another edit is another edit."""
+    if message.get("id") is None:
+        return None
+    body = orjson.dumps([client_id, message], option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b(body, digest_size=12).hexdigest()
+
+
+def with_key(keys: tuple[str, ...], key: str) -> tuple[str, ...]:
+    """`keys` and `key`, the newest EDIT_KEYS_KEPT of them."""
+    return (*keys[1 - EDIT_KEYS_KEPT:], key) if len(keys) >= EDIT_KEYS_KEPT else (*keys, key)
 
 
 def later_version(known: int | str | None, reported: int | str) -> int | str:

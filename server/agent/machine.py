@@ -34,7 +34,7 @@ from protocol.server import (
 )
 from server.agent import history, json_format
 from server.agent.checkpoint_edits import survived_edit
-from server.agent.edits import STALE, changes_note, judge_edit, later_version
+from server.agent.edits import STALE, changes_note, judge_edit, later_version, with_key
 from server.agent.grown import grown, with_added
 from server.agent.resume import resume_run
 from server.agent.round_trip import WHOLE
@@ -283,6 +283,10 @@ class RunMachine:
                                           current=None, status="running", **changes), out, at_ms)
 
     def _edited(self, state: RunState, event: DocumentEdited, out: EffectList) -> RunState:
+        if event.key is not None:  # an edit sent again (refused `unavailable` after the run
+            if event.key in state.edit_keys:  # applied it, its `document.changed` unlogged)
+                return state  # is applied once
+            state = state.evolve(edit_keys=with_key(state.edit_keys, event.key))
         verdict = judge_edit(state, event.user_id, event.origin, event.version, event.summary,
                              event.changes)
         if verdict.abort:

@@ -308,7 +308,8 @@ class RunRouter(JanitorMixin):
             elif kind == "edit":  # an edit made on another instance (a person's or the run's)
                 edit = validate_message(message["message"])
                 if isinstance(edit, EditorChange):
-                    peer = RemotePeer(self, "", "", document_id, "", str(message["user_id"]))
+                    peer = RemotePeer(self, "", "", document_id,  # its sender: `edit_key`
+                                      str(message.get("client_id", "")), str(message["user_id"]))
                     await session.runs.on_edit(peer, edit, forwarded=True)
             elif kind in ("supersede", "interrupt"):
                 reason = "superseded" if kind == "supersede" else "interrupted"

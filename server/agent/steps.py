@@ -111,6 +111,7 @@ class DocumentEdited:
     version: int | str | None = None
     summary: str | None = None
     changes: tuple[tuple[int, int, int], ...] | None = None
+    key: str | None = None  # the message's sender and `id` (`edit_key`): a resend's is seen
 
 
 @dataclass(frozen=True, slots=True)

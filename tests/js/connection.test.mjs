@@ -66,6 +66,15 @@ async function opened(options) {
 const call = (callId, extra = {}) => ({ type: "tool.call", run_id: "r", call_id: callId, name: "t",
   arguments: {}, executor: "client", client_id: "tab-1", token: "T", ...extra });
 const results = (ws) => ws.sent.filter((m) => m.type === "tool.result");
+/** The editor.changes `ws` was sent, each checked for an id of its own and shown without it. */
+const editsSent = (ws) => {
+  const edits = ws.sent.filter((m) => m.type === "editor.change");
+  assert.equal(new Set(edits.map((m) => m.id)).size, edits.length, "an id names one edit");
+  return edits.map(({ id, ...edit }) => {
+    assert.match(id, /^e[0-9a-f]{16}\.\d+$/);
+    return edit;
+  });
+};
 
 // -- 1. errors before open ------------------------------------------------------------
 
@@ -617,7 +626,7 @@ test("a kept edit too large to send goes without its summary; the client still o
   again.serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: true, replayed: 0,
                      limits: { max_message_bytes: 4096 } });
   assert.equal(client.state, "open"); // was: stuck in "reconnecting", the welcome unhandled
-  assert.deepEqual(again.sent.filter((m) => m.type === "editor.change"), [
+  assert.deepEqual(editsSent(again), [
     { type: "editor.change", origin: "user", document_version: 2 },
     { type: "editor.change", origin: "agent", document_version: 3 },
   ]);
@@ -641,8 +650,7 @@ test("editorChange while reconnecting is kept and sent after the next welcome, b
   client.addEventListener("state", () => { sentAtOpen ??= again.sent.length; });
   again.serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: true, replayed: 0,
                      features: ["edit_scope"] });
-  const edits = again.sent.filter((m) => m.type === "editor.change");
-  assert.deepEqual(edits, [
+  assert.deepEqual(editsSent(again), [
     { type: "editor.change", origin: "user", document_version: 3, summary: "typing",
       changes: [{ from: 1, to: 1, insert: 1 }, { from: 2, to: 2, insert: 1 }] },
     { type: "editor.change", origin: "agent", document_version: 4, changes: [] },
@@ -651,6 +659,91 @@ test("editorChange while reconnecting is kept and sent after the next welcome, b
   assert.equal(sentAtOpen, 4, "sent before the open state's listeners send anything");
   assert.deepEqual(client.unsentEdits, []);
   assert.equal(client.editorChange({ documentVersion: 6 }), true);
+});
+
+// -- 10b. edits the server refused for a moment ---------------------------------------------------
+
+const refuse = (ws, edit, code = "unavailable", retry_after_ms = 700) =>
+  ws.serverSend({ type: "error", code, message: "retry shortly", reply_to: edit.id, retry_after_ms });
+const edits = (ws) => ws.sent.filter((m) => m.type === "editor.change");
+
+test("an edit refused unavailable is sent again as it was after retry_after_ms; later edits wait for it", async () => {
+  const { client, timers, ws } = await opened();
+  client.editorChange({ documentVersion: 2 });
+  const [first] = edits(ws);
+  refuse(ws, first);
+  assert.equal(client.editorChange({ documentVersion: 3, summary: "typing" }), true, "open: it will go");
+  client.editorChange({ documentVersion: 4 });
+  assert.equal(edits(ws).length, 1, "nothing overtakes the refused edit");
+  const retry = timers.shift();
+  assert.equal(retry.ms, 700);
+  retry.fn();
+  assert.deepEqual(edits(ws), [first, first], "the same message, under the same id");
+  refuse(ws, first); // still away
+  timers.shift().fn();
+  assert.equal(edits(ws).length, 3);
+  ws.serverSend({ type: "ack", reply_to: first.id });
+  const after = edits(ws).slice(3);
+  assert.deepEqual(after.map(({ id, ...edit }) => edit),
+                   [{ type: "editor.change", origin: "user", document_version: 4, summary: "typing" }],
+                   "the edits made meanwhile, as one message, once the refused one is in");
+  assert.notEqual(after[0].id, first.id);
+  client.editorChange({ documentVersion: 5 });
+  assert.equal(edits(ws).at(-1).document_version, 5, "then edits go at once again");
+  assert.equal(timers.length, 0);
+});
+
+test("edits refused one after another are sent again in order, each after the one before is in", async () => {
+  const { client, timers, ws } = await opened();
+  client.editorChange({ documentVersion: 2 });
+  client.editorChange({ origin: "agent", documentVersion: 3 }); // sent before the first's answer
+  const [first, second] = edits(ws);
+  refuse(ws, first);
+  refuse(ws, second, "rate_limited", 300);
+  client.editorChange({ documentVersion: 4 });
+  assert.equal(timers.length, 1, "one retry: the first refused edit's");
+  timers.shift().fn();
+  assert.deepEqual(edits(ws).slice(2), [first]);
+  ws.serverSend({ type: "ack", reply_to: first.id });
+  assert.deepEqual(edits(ws).slice(3), [second], "its wait is over: it goes at once");
+  ws.serverSend({ type: "ack", reply_to: second.id });
+  assert.deepEqual(edits(ws).slice(4).map((m) => m.document_version), [4]);
+});
+
+test("an edit refused too often is given up, and the edits after it go", async () => {
+  const { client, timers, ws } = await opened();
+  client.editorChange({ documentVersion: 2 });
+  const [first] = edits(ws);
+  client.editorChange({ documentVersion: 3 }); // sent: nothing was refused yet
+  refuse(ws, first);
+  client.editorChange({ documentVersion: 4 });
+  for (let attempt = 2; attempt <= 10; attempt += 1) {
+    timers.shift().fn();
+    refuse(ws, first);
+  }
+  assert.equal(edits(ws).filter((m) => m.id === first.id).length, 10);
+  assert.equal(timers.length, 0, "no more attempts");
+  assert.deepEqual(edits(ws).slice(-1).map((m) => m.document_version), [4]);
+});
+
+test("an edit refused before the connection dropped goes first after the next welcome, under its id", async () => {
+  const { client, timers, ws } = await opened();
+  client.editorChange({ documentVersion: 2 });
+  const [first] = edits(ws);
+  refuse(ws, first);
+  ws.serverClose(1006);
+  client.editorChange({ documentVersion: 3 });
+  const reconnect = timers.findIndex((t) => t.ms !== 700);
+  timers.splice(reconnect, 1)[0].fn();
+  await tick();
+  const again = Fake.all.at(-1);
+  assert.deepEqual(edits(again), [], "nothing before the welcome");
+  timers.shift().fn(); // the refusal's retry comes while the socket waits for its welcome
+  assert.deepEqual(edits(again), [], "a frame before the welcome would close the connection");
+  again.serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: true, replayed: 0 });
+  assert.deepEqual(edits(again), [first]);
+  again.serverSend({ type: "ack", reply_to: first.id });
+  assert.deepEqual(edits(again).slice(1).map((m) => m.document_version), [3]);
 });
 
 test("a client with no WebSocket or a baseUrl without a scheme throws at once", () => {
