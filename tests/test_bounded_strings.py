@@ -10,6 +10,7 @@ model or the logs, at most 2,000 characters. Over that: `invalid_message` naming
 the field, nothing logged, and the run (if any) goes on.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -20,6 +21,10 @@ from tests.runs import answer, call, script, start
 
 LONG_VERSION = "v" * (VERSION_MAX_CHARS + 1)
 LONG_NOTE = "n" * (NOTE_MAX_CHARS + 1)
+
+
+def replying_to(tag: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda e: e.get("reply_to") == tag
 
 
 def refused(event: dict[str, Any], field: str) -> bool:
@@ -34,7 +39,7 @@ async def test_an_edit_with_an_oversized_version_or_summary_is_refused_and_not_l
                 ("version", {"document_version": LONG_VERSION}, "document_version"),
                 ("summary", {"summary": LONG_NOTE}, "summary")):
             await client.send({"type": "editor.change", "id": tag, **fields})
-            answer_ = await client.recv_until(lambda e, t=tag: e.get("reply_to") == t)
+            answer_ = await client.recv_until(replying_to(tag))
             assert refused(answer_, field), answer_
         await client.send({"type": "editor.change", "id": "fits",
                            "document_version": "v" * VERSION_MAX_CHARS,
