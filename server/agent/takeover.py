@@ -45,7 +45,7 @@ from server.observability import Metrics
 from server.ports import EventLog, LocalPresence
 
 logger = logging.getLogger("cowrite.agent")
-ENDED_LOOKBACK = 2000  # log entries searched for the run.finished of a run not yet freed
+FINISHED_LOOKBACK = 2000  # log entries searched for the run.finished of a run not yet freed
 STREAMED_PAGE = 1000  # log entries read at a time, newest first, for the cut message's text
 # A run's events that come before the model call of its open message: the decision that
 # made the call logged them (with the checkpoint naming the message), or an earlier one.
@@ -114,7 +114,7 @@ async def let_go_if_ended(registry: RunRegistry, instance_id: str, document_id: 
     final_status = final.get("status") if final is not None else None
     recorded = final_status in TERMINAL
     status = status or (str(final_status) if recorded else None) or \
-        await run_ended_in_log(registry, document_id, run_id, ENDED_LOOKBACK)
+        await run_ended_in_log(registry, document_id, run_id, FINISHED_LOOKBACK)
     if status is None:
         return False
     logger.warning("run %s had ended (%s) before its owner freed it; freeing it", run_id,
