@@ -10,6 +10,11 @@ announced, the run is not brought back. A run that cannot be taken over ends
 `server_lost` (`end_orphan`). `hand_over` is the
 draining owner's half: the run stops here without ending, its last state is
 left as the checkpoint, and its lease lapses at once.
+
+Whether a model call cut mid-stream had sent text (then `message.discarded`
+is logged before it is made again) is read from the log, back from its head a
+page at a time, to the event the call followed (`message_streamed`): however
+many events came after its text. Nothing is written per delta for it.
 """
 
 import contextlib
@@ -18,21 +23,77 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Literal
 
+import orjson
+
 from server.agent.admission import toolbox_for
 from server.agent.checkpoint import to_checkpoint
 from server.agent.checkpoint_parts import join_checkpoint
 from server.agent.driver import RunDriver
 from server.agent.environment import RunEnvironment
 from server.agent.machine import RunMachine
-from server.agent.run_state import TERMINAL, RunState, orphan_state
+from server.agent.run_state import TERMINAL, orphan_state
 from server.agent.steps import End, LeaseLost, Publish, Release, Resume
 from server.agent.work import now_ms
-from server.backends.base import Backend, BackendUnavailable, RunRegistry, run_ended_in_log
+from server.backends.base import (
+    Backend,
+    BackendUnavailable,
+    LoggedEvent,
+    RunRegistry,
+    run_ended_in_log,
+)
 from server.observability import Metrics
 from server.ports import EventLog, LocalPresence
 
 logger = logging.getLogger("cowrite.agent")
-STREAMED_LOOKBACK = 2000  # log entries searched for the cut message's text
+FINISHED_LOOKBACK = 2000  # log entries searched for the run.finished of a run not yet freed
+STREAMED_PAGE = 1000  # log entries read at a time, newest first, for the cut message's text
+# A run's events that come before the model call of its open message: the decision that
+# made the call logged them (with the checkpoint naming the message), or an earlier one.
+# While the call streams, the run logs only that message's deltas and `run.scope`.
+BEFORE_CALL = frozenset({"run.queued", "run.started", "run.resumed", "message.discarded",
+                         "message.done", "tool.call", "approval.requested",
+                         "approval.resolved", "tool.done"})
+
+
+async def message_streamed(registry: RunRegistry, document_id: str, run_id: str,
+                           message_id: str) -> bool:
+    """Whether `message_id`, the message of `run_id`'s model call that was cut, had
+    logged text. The log is read back from its head a page at a time until one of the
+    message's deltas or an event its model call came after (`BEFORE_CALL`): a fixed
+    window of the last events missed text followed by more events than it held (a
+    stalled stream while people edit), and a frontend then kept both texts. When the
+    log no longer reaches back that far (trimmed, or restarted) the answer is True: a
+    `message.discarded` of a message a client never saw takes nothing away."""
+    head = await registry.head(document_id)
+    until = head.last_seq
+    while until > 0:
+        page = await registry.read_after(document_id, head.epoch,
+                                         max(0, until - STREAMED_PAGE), until)
+        if not isinstance(page, list):
+            return True
+        found = _streamed_in(page, run_id, message_id)
+        if found is not None:
+            return found
+        until -= STREAMED_PAGE
+    return True  # the run's start is not in this log
+
+
+def _streamed_in(page: list[LoggedEvent], run_id: str, message_id: str) -> bool | None:
+    """What a page of the log (oldest first) says, read newest first: True at one of
+    the message's deltas (or its end), False at an earlier event of the run, None when
+    it says nothing (read the page before it)."""
+    for event in reversed(page):
+        if event.type != "message.delta" and event.type not in BEFORE_CALL:
+            continue
+        data = orjson.loads(event.frame)
+        if data.get("run_id") != run_id:
+            continue
+        if data.get("message_id") == message_id and event.type in ("message.delta",
+                                                                   "message.done"):
+            return True
+        if event.type in BEFORE_CALL:
+            return False
+    return None
 
 
 async def let_go_if_ended(registry: RunRegistry, instance_id: str, document_id: str,
@@ -53,7 +114,7 @@ async def let_go_if_ended(registry: RunRegistry, instance_id: str, document_id: 
     final_status = final.get("status") if final is not None else None
     recorded = final_status in TERMINAL
     status = status or (str(final_status) if recorded else None) or \
-        await run_ended_in_log(registry, document_id, run_id, STREAMED_LOOKBACK)
+        await run_ended_in_log(registry, document_id, run_id, FINISHED_LOOKBACK)
     if status is None:
         return False
     logger.warning("run %s had ended (%s) before its owner freed it; freeing it", run_id,
@@ -118,7 +179,9 @@ class TakeoverMixin:
         state = replace(restored,
                         executor_present=self.local.has_client(str(record.get("user_id")),
                                                                str(record.get("client_id"))))
-        text_sent = state.phase == "model" and await self._streamed(state)
+        text_sent = state.phase == "model" and state.message_id is not None and \
+            await message_streamed(self.env.registry, self.document_id, state.run_id,
+                                   state.message_id)
         spec = None if state.current is None or self.env.tools is None else next(
             (t for t in self.env.tools.specs() if t.name == state.current.name), None)
         driver = RunDriver(state, self.env, self.log, toolbox_for(state, self.env),
@@ -130,15 +193,6 @@ class TakeoverMixin:
                                                         spec is not None and spec.idempotent))
         # Lost again at once (this instance stalled): the instance that holds it now goes on.
         return started or driver.last_live_state is not None
-
-    async def _streamed(self, state: RunState) -> bool:
-        """Whether the message of the interrupted model call reached the log."""
-        head = await self.env.registry.head(self.document_id)
-        tail = await self.env.registry.read_after(self.document_id, head.epoch,
-                                                  max(0, head.last_seq - STREAMED_LOOKBACK))
-        return isinstance(tail, list) and any(
-            event.type == "message.delta" and f'"message_id":"{state.message_id}"' in event.frame
-            for event in tail)
 
     async def hand_over(self) -> None:
         """Draining with another instance alive: stop the run here without ending it, leave
