@@ -410,8 +410,11 @@ export declare class CowriteClient extends EventTarget {
   approve(runId: string, callId: string, how?: ApproveOptions): Promise<AckEvent>;
   reject(runId: string, callId: string, reason?: string): Promise<AckEvent>;
   /**
-   * Report an edit (not acknowledged). True when sent; false when the connection is not
-   * open: the edit is kept and sent after the next welcome, before anything else.
+   * Report an edit (no promise: the client deals with the answer). True when the
+   * connection is open: the edit is sent, or, while an earlier edit the server refused
+   * for a moment (`unavailable`, `rate_limited`) waits to be sent again under its `id`
+   * (applied once), sent after it. False when the connection is not open: the edit is
+   * kept and sent after the next welcome, before anything else.
    */
   editorChange(change?: EditorChangeOptions): boolean;
   /** Replace the connection's token (same user) before it expires. */
