@@ -201,7 +201,12 @@ def pattern_problem(schema: dict[str, Any]) -> str | None:
     """Why a client's schema cannot be checked in linear time (None: it can): a pattern
     RE2 cannot run, or `unevaluatedProperties` with `patternProperties`. Every object of
     the document is looked at, wherever it is (a `$ref` can point anywhere in it), so
-    a `pattern` in an `enum` value counts too."""
+    a `pattern` in an `enum` value counts too. Kept per distinct schema: every run
+    (and every takeover) checks its client tools again."""
+    return _pattern_verdicts(schema)
+
+
+def _pattern_problem(schema: dict[str, Any]) -> str | None:
     stack: list[tuple[Any, _Path]] = [(schema, None)]
     keys_seen: set[str] = set()
     while stack:  # iterative: a schema may be nested deeper than Python recurses
@@ -228,6 +233,9 @@ def pattern_problem(schema: dict[str, Any]) -> str | None:
         return "unevaluatedProperties cannot be combined with patternProperties in a " \
             "client tool's schema"
     return None
+
+
+_pattern_verdicts = SchemaVerdicts(_pattern_problem, PATTERNS_CACHED)
 
 
 def argument_check(name: str, schema: dict[str, Any], untrusted: bool = False
