@@ -4,7 +4,9 @@ Server tools (built-in, Python, MCP) come from the operator's tool catalog
 (`server/tools/`); a workflow may narrow every kind to an allowlist and add
 approvals. Every call the model makes is checked here before anything is
 dispatched: unknown tools and arguments that fail the tool's JSON Schema
-become tool errors for the model, never a `tool.call` to a client.
+become tool errors for the model, never a `tool.call` to a client. A client's
+schemas are untrusted: their patterns must run on RE2 (`pattern_problem`,
+checked when the run starts and again when a run is taken over).
 """
 
 from collections.abc import Iterable
@@ -19,7 +21,13 @@ from protocol.jsonlimits import nesting_over
 from protocol.parsing import DEFAULT_MAX_JSON_DEPTH
 from server.ports import ServerTools
 from server.records import quick_init
-from server.tools.schemas import ArgumentCheck, SchemaVerdicts, argument_check, validator_class
+from server.tools.schemas import (
+    ArgumentCheck,
+    SchemaVerdicts,
+    argument_check,
+    pattern_problem,
+    validator_class,
+)
 
 SCHEMA_CHECKS_CACHED = 512
 VERDICTS_KEPT = 64  # per run
@@ -56,6 +64,9 @@ def _judge_schema(parameters: dict[str, Any]) -> str | None:
         return f"is not a valid JSON Schema: {exc.message}"
     except RecursionError:
         return "is nested too deeply"
+    refused = pattern_problem(parameters)  # a client's patterns must run on RE2
+    if refused is not None:
+        return f"is not usable: {refused}"
     problem = argument_check("", parameters)  # jsonschema fails to compile a few
     return problem if isinstance(problem, str) else None
 
@@ -96,7 +107,8 @@ class ToolBox:
         self._arguments_depth = max(1, max_json_depth - ARGUMENTS_CARRIER_DEPTH) \
             if max_json_depth > 0 else 0
         self._offered: list[dict[str, Any]] | None = None
-        self._checks = {name: _usable(name, argument_check(name, tool.parameters))
+        self._checks = {name: _usable(name, argument_check(name, tool.parameters,
+                                                           untrusted=True))
                         for name, tool in self.client.items()}
         # (tool, raw arguments) -> the schema's verdict: a model repeats the same calls
         # (`{}` for a read) and jsonschema's walk is most of checking one.
