@@ -106,8 +106,12 @@ class RunRouter(JanitorMixin):
         try:
             await self.backend.leave(self.me)
             return any(other != self.me for other in await self.backend.live_instances())
-        except BackendUnavailable:
-            return False
+        except BackendUnavailable:  # not known: handed over, as a kill leaves them (a
+            # survivor takes them when their lease lapses, or the next instance to start);
+            # ending them `server_shutdown` ended runs another instance could go on with
+            logger.warning("drain: could not ask the shared backend which instances live; "
+                           "handing the runs over")
+            return True
 
     async def stop(self) -> None:
         # messages waiting for the next owner of a handed-over run: see `Lanes.stop`
