@@ -38,7 +38,8 @@ async def claim_document(env: RunEnvironment, document_id: str, state: RunState,
             await asyncio.sleep(_POLL_S)
             holder = await registry.claim_run(document_id, record, lease)
     if holder is None or holder.get("client_id") != peer.client_id or \
-            holder.get("user_id") != peer.user_id or holder.get("owner") == env.instance_id:
+            holder.get("user_id") != peer.user_id or holder.get("owner") == env.instance_id \
+            or holder.get("run_id") == state.run_id:  # this very run: its start sent again
         return holder
     # The same client's run on another instance: supersede it there and wait.
     env.cluster.post(str(holder["owner"]), {

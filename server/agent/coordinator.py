@@ -18,14 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from protocol.client import (
-    Approval,
-    ClientMessage,
-    EditorChange,
-    RunCancel,
-    RunStart,
-    ToolResult,
-)
+from protocol.client import Approval, ClientMessage, EditorChange, RunCancel, RunStart, ToolResult
 from protocol.codes import ErrorCode
 from protocol.server import FinishedStatus, RunSnapshot
 from server.agent.admission import first_state, refusal, toolbox_for
@@ -122,13 +115,12 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
     async def on_edit(self, peer: Peer, message: EditorChange, forwarded: bool = False
                       ) -> None:
         """An `editor.change`: the run decides (section 11); an edit of a run owned by
-        another instance goes to its owner, in order (`RunRouter.post_to_run_owner`),
-        the run's own too (origin `agent`: its executor may be connected here, not
-        there; dropped, they left its scope behind the text it wrote). Asked again when
-        the run came to this instance while its owner was looked up (a takeover): the
-        edit was dropped. Redis away for the lookup: tried again for up to 2 s, then
-        `BackendUnavailable` (a person's edit: `unavailable` before anything is done or
-        broadcast, so its client can send it again: under its `id`, applied once)."""
+        another instance goes to its owner, in order (`RunRouter.post_to_run_owner`), the
+        run's own too (origin `agent`: dropped, they left its scope behind its text).
+        Asked again when the run came here while its owner was looked up (a takeover).
+        Redis away for the lookup: tried for up to 2 s, then `BackendUnavailable` (a
+        person's edit: `unavailable` before anything is done, so its client sends it
+        again under its `id`: applied once)."""
         for _ in range(2):
             driver = self.active
             if not forwarded and driver is not None and not driver.state.finished and \
@@ -309,6 +301,10 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
             return
         holder = await claim_document(self.env, self.document_id, state, peer,
                                       interrupting=other and if_busy == "interrupt")
+        if holder is not None and holder.get("run_id") == state.run_id:  # a repeat: claimed,
+            peer.ack(message.id, run_id=state.run_id, duplicate=True,  # not begun (its dead
+                     status=str(holder.get("status") or "running"))  # owner's janitor ends it)
+            return
         if holder is not None:
             peer.error(ErrorCode.DOCUMENT_BUSY,
                        f"run {holder.get('run_id')!r} of another client is active on this "
