@@ -9,8 +9,9 @@ from tests.browser_support import (  # the `browser` and `dev_server` fixtures, 
 from tests.harness import Server, running_server
 
 # asyncio task stacks of a test about to time out; `python -m server` instances forked
-# from a process that already imported the server (the imports are most of a start)
-pytest_plugins = ["tests.hang_report", "tests.server_zygote"]
+# from a process that already imported the server (the imports are most of a start); a
+# test that leaves a socket or transport open fails itself, never a later test
+pytest_plugins = ["tests.hang_report", "tests.server_zygote", "tests.leaks"]
 
 
 @pytest.fixture

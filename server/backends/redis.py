@@ -163,9 +163,7 @@ class RedisBackend(RedisFanOut, RedisRunQueue, RedisInstances, RedisPresence, Re
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._pubsub is not None:
-            with contextlib.suppress(RedisError, OSError):
-                await self._pubsub.aclose()
+        await self._retire_pubsub()  # a listener leaving later has nothing to unsubscribe
         await self._redis.aclose()
 
     async def ready(self) -> bool:
