@@ -11,13 +11,16 @@ the field, nothing logged, and the run (if any) goes on.
 """
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from protocol.base import NOTE_MAX_CHARS, VERSION_MAX_CHARS
-from tests.harness import Server, joined, token
+from tests.adapter_support import sse
+from tests.harness import Server, joined, running_server, token
 from tests.runs import answer, call, script, start
+from tests.test_adapter_answers import _agui
 
 LONG_VERSION = "v" * (VERSION_MAX_CHARS + 1)
 LONG_NOTE = "n" * (NOTE_MAX_CHARS + 1)
@@ -72,3 +75,25 @@ async def test_a_tool_result_with_an_oversized_version_leaves_the_call_waiting(
         assert (await client.recv_until(lambda e: e.get("reply_to") == "ok"))["type"] == "ack"
         finished = await client.recv_until("run.finished")
         assert finished["status"] == "completed"
+
+
+async def test_an_adapters_long_rejection_reason_is_cut_not_a_500(tmp_path: Path) -> None:
+    """An AG-UI (or AI SDK) rejection's reason is the frontend's text: over the 2,000
+    characters a WebSocket client may send, building the approval failed the request
+    with a 500 and left the approval pending. It is cut to 2,000 characters."""
+    config = tmp_path / "cowrite.toml"
+    config.write_text('[[tools]]\nimport = "tests.tool_fixtures:greet"\n'
+                      'requires_approval = true\n')
+    user = {"id": "m1", "role": "user", "content": script(
+        {"tool_calls": [{"name": "greet", "arguments": {"name": "A"}}]}, {"say": "Ok."})}
+    async with running_server(config=config) as server, httpx.AsyncClient() as http, \
+            joined(server, "reason", sub="bob", client_id="watcher") as (watcher, _):
+        url = f"{server.http}/v1/agui/reason"
+        _, first = await sse(http, "POST", url, _agui("p1", [user]))
+        call_id = first[-1]["outcome"]["interrupts"][0]["id"]
+        entry = {"interruptId": call_id, "status": "resolved",
+                 "payload": {"approved": False, "reason": LONG_NOTE}}
+        status, rest = await sse(http, "POST", url, _agui("p2", [user], resume=[entry]))
+        assert status == 200 and rest[-1]["type"] == "RUN_FINISHED", rest[-1]
+        done = await watcher.recv_until("tool.done")
+        assert done["status"] == "rejected"

@@ -13,7 +13,7 @@ import pytest
 
 from bench.common import server_process
 from server.agent.tools import ToolBox, check_tool_schemas
-from server.tools.schemas import argument_check
+from server.tools.schemas import PATTERN_TEXT_MAX, argument_check
 from tests.adapter_support import sse, user_message
 from tests.cluster_support import join
 from tests.harness import SECRET, Server, joined, token
@@ -234,3 +234,24 @@ async def test_the_adapters_refuse_a_lookaround_tool_too(server: Server) -> None
             "messages": [{"id": "m1", "role": "user", "content": script({"say": "no"})}]})
         assert status == 400 and items[0]["code"] == "invalid_message", items
         assert items[0]["message"].startswith(PEEK_REFUSED)
+
+
+def test_patterns_that_make_re2_slow_are_refused_and_long_strings_bounded() -> None:
+    """A review found a pattern RE2 can compile but not run fast within a small memory
+    budget: `(a|aa){1,1000}$` against 900,000 characters froze an instance for 38 s
+    (RE2's slow path, microseconds per character). A client pattern's program is now
+    bounded (`PROGRAM_SIZE_MAX`, refused at run.start with the tool named), RE2 gets its
+    default 8 MiB, and no string over `PATTERN_TEXT_MAX` is searched at all."""
+    for pattern in ("(a|aa){1,1000}$", "a.{800}b"):
+        slow = _tool("slow", {"type": "object", "properties": {
+            "x": {"type": "string", "pattern": pattern}}})
+        problem = check_tool_schemas([slow])
+        assert problem is not None and "is too large for a client tool" in problem, problem
+        assert "/properties/x/pattern" in problem
+    dated = argument_check("d", {"type": "object", "properties": {
+        "x": {"type": "string", "pattern": "^[a-z]{1,500}$"}}}, untrusted=True)
+    assert callable(dated)
+    assert dated({"x": "a" * 500}) is None
+    long = dated({"x": "a" * (PATTERN_TEXT_MAX + 1)})
+    assert long == f"invalid arguments for d at x: a string of {PATTERN_TEXT_MAX + 1} " \
+        f"characters is longer than {PATTERN_TEXT_MAX}, the most a pattern is checked against"

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
+from protocol.base import NOTE_MAX_CHARS
 from protocol.client import Approval, RunCancel, ToolResult
 from protocol.codes import ErrorCode
 from protocol.server import (
@@ -303,7 +304,8 @@ class ChatRun(Generic[Item]):
             return None
         return Approval(type="approval", id=new_message_id(), run_id=self.run_id,
                         call_id=call_id, decision="approve" if approved else "reject",
-                        reason=reason)
+                        reason=None if reason is None else reason[:NOTE_MAX_CHARS])  # a
+        # frontend's text, cut to what a WebSocket client may send (it failed the request)
 
     async def cancel(self) -> Answer:
         # The frontend asked to stop: the run's end is no longer one it waits for (a

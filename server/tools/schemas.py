@@ -75,7 +75,15 @@ _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False  # a refused pattern is reported, not logged by RE2 to stderr
 # RE2's memory per program (8 MiB by default, its DFA cache included) times the programs
 # kept: a pattern that needs more does not compile (a client's is refused at run.start).
-_RE2_OPTIONS.max_mem = 1 << 20
+_RE2_OPTIONS.max_mem = 8 << 20  # RE2's own default: with 1 MiB its fast matcher gave up
+# on a 6,000-instruction pattern and the slow one took 38 s for a 900 KB string
+PROGRAMS_CACHED = 64  # compiled programs kept (each may grow its cache up to max_mem)
+PROGRAM_SIZE_MAX = 2000
+"""The largest RE2 program a client's pattern may compile to (`^[a-z]{1,500}$` is 1,001;
+the patterns that made RE2 slow, `(a|aa){1,1000}$` and `a.{800}b`, 6,003 and 6,406)."""
+PATTERN_TEXT_MAX = 32_768
+"""The longest string a pattern is checked against (longer: it does not match): RE2 is
+linear, but its slow path costs microseconds per character on the event loop."""
 _ESCAPE = re.compile(r"\\(u[0-9A-Fa-f]{4}|.)", re.DOTALL)  # one escape at a time: linear
 PATTERNS_CACHED = 256
 UNSUPPORTED = "client tool patterns cannot use lookaround or backreferences"
@@ -86,7 +94,7 @@ def _re2_syntax(pattern: str) -> str:
     return _ESCAPE.sub(lambda m: f"\\x{{{m[1][1:]}}}" if len(m[1]) == 5 else m[0], pattern)
 
 
-@functools.lru_cache(maxsize=PATTERNS_CACHED)
+@functools.lru_cache(maxsize=PROGRAMS_CACHED)
 def re2_program(pattern: str) -> Any:
     """The RE2 program of an ECMA-262 pattern, or why RE2 cannot run it (a str)."""
     try:
@@ -103,6 +111,8 @@ def _search(pattern: str, text: str) -> bool:
     pattern RE2 cannot compile, which only an operator's schema (or jsonschema's own
     metaschemas, reachable by `$ref`) can hold: `argument_check` refuses such a client
     schema before any validator of it exists."""
+    if len(text) > PATTERN_TEXT_MAX:
+        return False
     program = re2_program(pattern)
     if isinstance(program, str):
         return re.search(pattern, text) is not None
@@ -116,6 +126,10 @@ def _search(pattern: str, text: str) -> bool:
 def _pattern(validator: Any, pattern: str, instance: Any, _: Any
              ) -> Iterator[ValidationError]:
     if validator.is_type(instance, "string") and not _search(pattern, instance):
+        if len(instance) > PATTERN_TEXT_MAX:
+            yield ValidationError(f"a string of {len(instance)} characters is longer than "
+                                  f"{PATTERN_TEXT_MAX}, the most a pattern is checked against")
+            return
         yield ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
@@ -228,6 +242,10 @@ def _pattern_problem(schema: dict[str, Any]) -> str | None:
             if isinstance(why, str):
                 return f"the pattern at {_json_pointer(where)} cannot run on RE2 ({why}); " \
                     + UNSUPPORTED
+            if why.programsize > PROGRAM_SIZE_MAX:
+                return f"the pattern at {_json_pointer(where)} is too large for a client " \
+                    f"tool (RE2 program size {why.programsize}, at most {PROGRAM_SIZE_MAX}; " \
+                    "bound lengths with minLength/maxLength instead of counted repeats)"
         stack.extend((value, (key, path)) for key, value in reversed(node.items()))
     if len(keys_seen) == 2:
         return "unevaluatedProperties cannot be combined with patternProperties in a " \
