@@ -187,8 +187,8 @@ def test_patterns_re2_cannot_run_are_named_with_their_tool_and_path() -> None:
     problem = check_tool_schemas([backref])
     assert problem is not None and problem.startswith(
         "tools.echo.parameters is not usable: the pattern at /properties/w/pattern cannot "
-        "run on RE2 (invalid escape sequence: \\1); client tool patterns cannot use "
-        "lookaround or backreferences"), problem
+        "run on RE2 (invalid escape sequence: \\1); client tool patterns run on RE2: no "
+        "lookaround, no backreferences, counted repeats up to 1000"), problem
     peek = check_tool_schemas([_tool("peek", LOOKAROUND["parameters"])])  # type: ignore[arg-type]
     assert peek is not None and peek.startswith(f"{PEEK_REFUSED} (invalid perl operator: "
                                                 "(?!)"), peek
@@ -200,7 +200,7 @@ def test_patterns_re2_cannot_run_are_named_with_their_tool_and_path() -> None:
     assert box.check("echo", {"w": "aa"}) == \
         "tool echo cannot be called: its input schema cannot be used: the pattern at " \
         "/properties/w/pattern cannot run on RE2 (invalid escape sequence: \\1); client " \
-        "tool patterns cannot use lookaround or backreferences"
+        "tool patterns run on RE2: no lookaround, no backreferences, counted repeats up to 1000"
 
 
 def test_operator_schemas_keep_python_patterns() -> None:

@@ -86,7 +86,8 @@ PATTERN_TEXT_MAX = 32_768
 linear, but its slow path costs microseconds per character on the event loop."""
 _ESCAPE = re.compile(r"\\(u[0-9A-Fa-f]{4}|.)", re.DOTALL)  # one escape at a time: linear
 PATTERNS_CACHED = 256
-UNSUPPORTED = "client tool patterns cannot use lookaround or backreferences"
+UNSUPPORTED = "client tool patterns run on RE2: no lookaround, no backreferences, " \
+    "counted repeats up to 1000"
 
 
 def _re2_syntax(pattern: str) -> str:
