@@ -41,7 +41,7 @@ from tests.runs import EDITOR_TOOLS, call, script
 
 ENV = {"COWRITE_REDIS_URL": "", "COWRITE_JWT_SECRET": SECRET, "COWRITE_RUN_LEASE_S": "2",
        "COWRITE_TOOL_TIMEOUT_S": "30", "COWRITE_APPROVAL_TIMEOUT_S": "30",
-       "COWRITE_LOG_LEVEL": "error"}
+       "COWRITE_LOG_LEVEL": "error", "COWRITE_LOG_MAX_EVENTS": "200000"}  # audited whole
 QUIET_FIELDS = ("seq", "ts", "token", "prompt", "delta", "text", "arguments", "output")
 FINISH_S = 90.0  # after the faults stop: the runs in flight end, one more runs
 
@@ -306,6 +306,8 @@ async def audit(tab: Tab, proc: Proc) -> None:
                                     "token": token("alice", ttl_s=7200),
                                     "resume": {"epoch": tab.epoch, "after_seq": 0}}).decode())
         welcome = orjson.loads(await ws.recv())
+        if not welcome.get("resumed"):
+            raise ConnectionError(f"the log was not replayed ({welcome.get('resume_failed')})")
         tab.final_active = welcome.get("active_run")
         while len(events) < welcome["last_seq"]:
             event = orjson.loads(await asyncio.wait_for(ws.recv(), 30))
@@ -398,7 +400,11 @@ async def soak(seconds: float, count: int, documents: int, seed: int) -> Finding
                                      f"after the faults stopped (run {tab.current})")
                     loop.cancel()
             for tab in tabs:
-                await audit(tab, instances.live()[0])
+                try:
+                    await audit(tab, instances.live()[0])
+                except (OSError, TimeoutError, websockets.WebSocketException) as exc:
+                    findings.problem(f"{tab.document_id}: its log could not be read back: {exc} "
+                                     f"({type(exc).__name__})")
         finally:
             await instances.close()
     return findings
