@@ -48,6 +48,12 @@ def exporter() -> Iterator[InMemorySpanExporter]:
         tracing.active = None
 
 
+def _machine() -> RunMachine:
+    return RunMachine(MachineConfig(signer=Authenticator(make_settings()), tool_timeout_s=60,
+                                    approval_timeout_s=60, run_timeout_s=600,
+                                    client_grace_s=30))
+
+
 def _named(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
     return [s for s in spans if s.name == name]
 
@@ -158,9 +164,7 @@ def test_a_run_that_moves_ends_its_spans_here_and_is_traced_where_it_goes_on(
     both end theirs, in one trace (it was two traces: nothing tied them together)."""
     tracer = tracing.configure(make_settings(otel=True))
     assert tracer is not None
-    machine = RunMachine(MachineConfig(signer=Authenticator(make_settings()),
-                                       tool_timeout_s=60, approval_timeout_s=60,
-                                       run_timeout_s=600, client_grace_s=30))
+    machine = _machine()
     state = RunState(run_id="r-moved", document_id="d", mode="agent", user_id="u",
                      client_id="c", prompt="p", model="m", max_steps=5)
     for event in (Begin(0, "start"), LeaseLost()):
@@ -208,9 +212,7 @@ def test_a_providers_own_id_generator_keeps_making_the_trace_ids() -> None:
     try:
         tracer = tracing.configure(make_settings(otel=True))
         assert tracer is not None
-        machine = RunMachine(MachineConfig(signer=Authenticator(make_settings()),
-                                           tool_timeout_s=60, approval_timeout_s=60,
-                                           run_timeout_s=600, client_grace_s=30))
+        machine = _machine()
         state = RunState(run_id="r-own", document_id="d", mode="agent", user_id="u",
                          client_id="c", prompt="p", model="m", max_steps=5)
         for event in (Begin(0, "start"), Cancel("u", "c")):
