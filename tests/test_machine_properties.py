@@ -17,6 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from protocol.server import Ack, ApprovalRequested, RunError, RunFinished, ToolCall, ToolDone
 from server.agent.checkpoint import from_checkpoint, to_checkpoint
+from server.agent.edits import sender_key
 from server.agent.machine import RunMachine
 from server.agent.run_state import STATUS_RANK, ModelCall, RunState, ToolOutcome
 from server.agent.steps import (
@@ -263,7 +264,7 @@ class RunLifecycle(RuleBasedStateMachine):
         self.state = restored
         self.apply(Resume("owner_lost", 1500, text_sent, idempotent))
 
-    @rule(key=st.sampled_from([None, "k1", "k2", "k3"]),
+    @rule(key=st.sampled_from([None, "c1.k1", "c1.k2", "c2.k3", "c3.k4"]),
           origin=st.sampled_from(["user", "agent"]),
           change=st.sampled_from([None, (0, 0, 2), (12, 13, 1), (40, 40, 1)]), now=RARELY)
     def edited(self, key: str | None, origin: str, change: tuple[int, int, int] | None,
@@ -275,14 +276,15 @@ class RunLifecycle(RuleBasedStateMachine):
             return
         event = DocumentEdited("bob", origin, 7, None,  # type: ignore[arg-type]
                                None if change is None else (change,), key)
-        if key is not None and key in self.state.edit_keys:
+        kept = None if key is None else sender_key("bob", key)
+        if kept is not None and kept in self.state.edit_keys:
             decision = MACHINE.decide(self.state, event)
             assert decision.state == self.state and not decision.effects, \
                 "an edit sent again was applied again"
         before = self.state
         self.apply(event)
         if key is not None and not before.finished and not self.state.finished:
-            assert key in self.state.edit_keys, "an applied edit's key was not kept"
+            assert kept in self.state.edit_keys, "an applied edit's key was not kept"
 
     @rule(now=RARELY)
     def crashed(self, now: bool) -> None:

@@ -75,26 +75,50 @@ def judge_edit(state: RunState, user_id: str, origin: str, version: Any, summary
                                       edits=with_note(state.edits, note)), moved)
 
 
-EDIT_KEYS_KEPT = 32
-"""Keys of the last edits a run applied (`RunState.edit_keys`): a client sends an edit
-again, under the same `id`, after it was refused `unavailable` (its `document.changed`
-could not be logged, or the run's owner not found), and holds its later edits until
-then (static/client.js), so a resend comes while its key is among the last few."""
+EDIT_KEYS_KEPT = 4
+"""Keys of the last edits a run applied (`RunState.edit_keys`), this many per sender (a
+user's client): a client sends an edit again, under the same `id`, after it was refused
+`unavailable` (its `document.changed` could not be logged, or the run's owner not found),
+and holds its later edits until then (static/client.js: one `editor.change` in flight), so
+a resend comes while its key is among its sender's last few; other clients' edits cannot
+push it out."""
+EDIT_SENDERS_KEPT = 64
+"""Senders whose keys a run keeps: the one heard from longest ago goes first."""
+
+
+def _hash(value: Any, size: int) -> str:
+    return hashlib.blake2b(orjson.dumps(value, option=orjson.OPT_SORT_KEYS),
+                           digest_size=size).hexdigest()
 
 
 def edit_key(client_id: str, message: dict[str, Any]) -> str | None:
     """What names one `editor.change` (`message`, its wire form) for the run and the
     log: its sender and `id` (None without one: it cannot be sent again as itself), and
-    its content, so an `id` a client used again for another edit is another edit."""
+    its content, so an `id` a client used again for another edit is another edit. It is
+    `<client>.<edit>` (`sender_key` adds the user: `client_id` is the client's choice)."""
     if message.get("id") is None:
         return None
-    body = orjson.dumps([client_id, message], option=orjson.OPT_SORT_KEYS)
-    return hashlib.blake2b(body, digest_size=12).hexdigest()
+    return f"{_hash(client_id, 6)}.{_hash([client_id, message], 12)}"
+
+
+def sender_key(user_id: str, key: str) -> str:
+    """`key` (`edit_key`) with its sender made of the user and the client."""
+    client, _, edit = key.rpartition(".")
+    return f"{_hash([user_id, client], 6)}.{edit}"
 
 
 def with_key(keys: tuple[str, ...], key: str) -> tuple[str, ...]:
-    """`keys` and `key`, the newest EDIT_KEYS_KEPT of them."""
-    return (*keys[1 - EDIT_KEYS_KEPT:], key) if len(keys) >= EDIT_KEYS_KEPT else (*keys, key)
+    """`keys` and `key` (`sender_key`): the newest EDIT_KEYS_KEPT of each sender's, of the
+    EDIT_SENDERS_KEPT senders heard from last; in the order they came."""
+    sender = key.partition(".")[0]
+    mine = [k for k in keys if k.partition(".")[0] == sender]
+    drop = set(mine[:len(mine) + 1 - EDIT_KEYS_KEPT]) if len(mine) >= EDIT_KEYS_KEPT else set()
+    kept = [k for k in keys if k not in drop]
+    last: dict[str, int] = {}
+    for i, k in enumerate([*kept, key]):
+        last[k.partition(".")[0]] = i
+    senders = set(sorted(last, key=last.__getitem__)[-EDIT_SENDERS_KEPT:])
+    return tuple(k for k in (*kept, key) if k.partition(".")[0] in senders)
 
 
 def later_version(known: int | str | None, reported: int | str) -> int | str:

@@ -34,7 +34,7 @@ from protocol.server import (
 )
 from server.agent import history, json_format
 from server.agent.checkpoint_edits import survived_edit
-from server.agent.edits import STALE, changes_note, judge_edit, later_version, with_key
+from server.agent.edits import STALE, changes_note, judge_edit, later_version, sender_key, with_key
 from server.agent.grown import grown, with_added
 from server.agent.resume import resume_run
 from server.agent.round_trip import WHOLE
@@ -284,9 +284,10 @@ class RunMachine:
 
     def _edited(self, state: RunState, event: DocumentEdited, out: EffectList) -> RunState:
         if event.key is not None:  # an edit sent again (refused `unavailable` after the run
-            if event.key in state.edit_keys:  # applied it, its `document.changed` unlogged)
-                return state  # is applied once
-            state = state.evolve(edit_keys=with_key(state.edit_keys, event.key))
+            key = sender_key(event.user_id, event.key)  # applied it, `document.changed`
+            if key in state.edit_keys:  # unlogged) is applied once
+                return state
+            state = state.evolve(edit_keys=with_key(state.edit_keys, key))
         verdict = judge_edit(state, event.user_id, event.origin, event.version, event.summary,
                              event.changes)
         if verdict.abort:

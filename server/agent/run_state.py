@@ -123,7 +123,7 @@ class RunState:
     scope: tuple[tuple[int, int], ...] | None = None  # None: the whole document
     document_version: int | str | None = None  # the latest the server knows
     edits: tuple[dict[str, Any], ...] = ()  # user edits since the model's last request
-    edit_keys: tuple[str, ...] = ()  # the last edits applied (`edits.EDIT_KEYS_KEPT`)
+    edit_keys: tuple[str, ...] = ()  # the last edits applied, per sender (`edits.with_key`)
     phase: Phase = "new"
     status: RunStatus = "running"
     step: int = 0
