@@ -313,7 +313,8 @@ export class CowriteClient extends EventTarget {
     /** @type {Map<string, {scope: import("./edits.js").ScopeRange[]|null, version: unknown}>} */
     this.runScopes = new Map();
     /** editorChange calls made while the connection was not open, sent after the next
-     * welcome, or while an edit refused for a moment waits (`refusedEdits`), sent after it */
+     * welcome, or while an editor.change is unanswered (one is in flight at most) or an edit
+     * refused for a moment waits (`refusedEdits`), sent after its answer */
     this.unsentEdits = [];
     /** editor.change ids: an id names one edit (the server applies an edit sent again
      * under its id once), so this client's are its own prefix and a counter */
@@ -482,7 +483,9 @@ export class CowriteClient extends EventTarget {
    * Each editor.change carries an `id`. One the server refuses for a moment
    * (`unavailable`, `rate_limited`) is sent again as it was after `retry_after_ms`, up to
    * EDIT_ATTEMPTS times, and the edits after it wait for it (see `refusedEdits`); the
-   * server applies an edit sent again under its id once.
+   * server applies an edit sent again under its id once. One editor.change is in flight at
+   * most: edits made before its answer wait, so none overtakes a refused one; one
+   * unanswered when the connection drops is sent again, first, after the next welcome.
    * Returns true when the connection is open (the edit is sent, or sent after the refused
    * one it waits for); false when it is not: the edit is then kept and sent after the next
    * welcome. Edits that wait go as one message per run of consecutive edits of an origin.
@@ -491,7 +494,7 @@ export class CowriteClient extends EventTarget {
     this.#record({ version: documentVersion, origin, changes: changes ?? null });
     const edit = { origin, documentVersion, summary, changes };
     const open = this.state === "open" && this.ws?.readyState === 1;
-    if (!open || this.refusedEdits.length) {
+    if (!open || this.refusedEdits.length || this.editsSent.size) { // one in flight at most
       const last = this.unsentEdits.at(-1);
       if (last?.origin === origin) { // changes apply in order: one message holds them all
         last.changes = last.changes && changes && [...last.changes, ...changes];
@@ -530,7 +533,8 @@ export class CowriteClient extends EventTarget {
    * too large even without its changes (a huge summary) goes without the summary: a throw
    * here would leave the client welcomed yet never open, the rest unsent. */
   #sendUnsentEdits() {
-    for (const edit of this.unsentEdits.splice(0)) {
+    while (this.unsentEdits.length && !this.editsSent.size) { // the next goes on its answer
+      const edit = this.unsentEdits.shift();
       try {
         this.#sendEdit(edit);
       } catch {
@@ -549,6 +553,7 @@ export class CowriteClient extends EventTarget {
     if (first?.message !== message) { // its first answer
       if (retry) this.refusedEdits.push({ message, attempts: 1 });
       if (retry && this.refusedEdits.length === 1) this.#retryEdit(event.retry_after_ms);
+      if (!this.refusedEdits.length) this.#sendUnsentEdits(); // answered: the next may go
       return;
     }
     if (retry && first.attempts < EDIT_ATTEMPTS) {
@@ -693,7 +698,12 @@ export class CowriteClient extends EventTarget {
       reject(Object.assign(new Error("connection closed"), { code: "connection_closed" }));
     }
     this.waiting.clear();
-    this.editsSent.clear(); // their answers never come (a refused one stays in refusedEdits)
+    // Their answers never come. The one in flight is sent again after the next welcome,
+    // first, under its id (the server applies an edit once); a refused one stays first.
+    for (const message of this.editsSent.values()) {
+      if (this.refusedEdits[0]?.message !== message) this.refusedEdits.push({ message, attempts: 0 });
+    }
+    this.editsSent.clear();
   }
 
   /** `ws` closed (or failed, or went silent): reconnect, or stop, as the close says. */

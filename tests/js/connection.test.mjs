@@ -613,6 +613,15 @@ test("a run.start whose ack was lost keeps the run's scope; only the server's re
 
 // -- 10. edits made while the connection is not open ----------------------------------------------
 
+/** Ack each editor.change as it comes: one is in flight at most, the next goes on its answer. */
+const drain = (ws) => {
+  const sent = () => ws.sent.filter((m) => m.type === "editor.change");
+  for (let n = 0; sent().length > n;) {
+    n = sent().length;
+    ws.serverSend({ type: "ack", reply_to: sent().at(-1).id });
+  }
+};
+
 test("a kept edit too large to send goes without its summary; the client still opens", async () => {
   const { client, timers, ws } = await opened();
   ws.serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: false,
@@ -626,6 +635,7 @@ test("a kept edit too large to send goes without its summary; the client still o
   again.serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: true, replayed: 0,
                      limits: { max_message_bytes: 4096 } });
   assert.equal(client.state, "open"); // was: stuck in "reconnecting", the welcome unhandled
+  drain(again);
   assert.deepEqual(editsSent(again), [
     { type: "editor.change", origin: "user", document_version: 2 },
     { type: "editor.change", origin: "agent", document_version: 3 },
@@ -650,13 +660,17 @@ test("editorChange while reconnecting is kept and sent after the next welcome, b
   client.addEventListener("state", () => { sentAtOpen ??= again.sent.length; });
   again.serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: true, replayed: 0,
                      features: ["edit_scope"] });
+  drain(again);
   assert.deepEqual(editsSent(again), [
+    // unanswered when the connection dropped: sent again first (the server applies it once)
+    { type: "editor.change", origin: "user", document_version: 1,
+      changes: [{ from: 0, to: 0, insert: 1 }] },
     { type: "editor.change", origin: "user", document_version: 3, summary: "typing",
       changes: [{ from: 1, to: 1, insert: 1 }, { from: 2, to: 2, insert: 1 }] },
     { type: "editor.change", origin: "agent", document_version: 4, changes: [] },
     { type: "editor.change", origin: "user", document_version: 5 },
   ]);
-  assert.equal(sentAtOpen, 4, "sent before the open state's listeners send anything");
+  assert.equal(sentAtOpen, 2, "sent before the open state's listeners send anything");
   assert.deepEqual(client.unsentEdits, []);
   assert.equal(client.editorChange({ documentVersion: 6 }), true);
 });
@@ -688,24 +702,30 @@ test("an edit refused unavailable is sent again as it was after retry_after_ms; 
                    [{ type: "editor.change", origin: "user", document_version: 4, summary: "typing" }],
                    "the edits made meanwhile, as one message, once the refused one is in");
   assert.notEqual(after[0].id, first.id);
+  ws.serverSend({ type: "ack", reply_to: after[0].id });
   client.editorChange({ documentVersion: 5 });
   assert.equal(edits(ws).at(-1).document_version, 5, "then edits go at once again");
   assert.equal(timers.length, 0);
 });
 
-test("edits refused one after another are sent again in order, each after the one before is in", async () => {
+test("one editor.change is in flight at most: a later edit never overtakes a refused one", async () => {
   const { client, timers, ws } = await opened();
   client.editorChange({ documentVersion: 2 });
-  client.editorChange({ origin: "agent", documentVersion: 3 }); // sent before the first's answer
-  const [first, second] = edits(ws);
+  client.editorChange({ origin: "agent", documentVersion: 3 }); // held: the first is unanswered
+  const [first] = edits(ws);
+  assert.equal(edits(ws).length, 1, "not pipelined");
   refuse(ws, first);
-  refuse(ws, second, "rate_limited", 300);
   client.editorChange({ documentVersion: 4 });
-  assert.equal(timers.length, 1, "one retry: the first refused edit's");
+  assert.equal(edits(ws).length, 1, "held while the refused one waits");
+  assert.equal(timers.length, 1, "one retry: the refused edit's");
   timers.shift().fn();
-  assert.deepEqual(edits(ws).slice(2), [first]);
+  assert.deepEqual(edits(ws).slice(1), [first], "the refused edit goes first");
   ws.serverSend({ type: "ack", reply_to: first.id });
-  assert.deepEqual(edits(ws).slice(3), [second], "its wait is over: it goes at once");
+  const second = edits(ws)[2];
+  assert.deepEqual([second.origin, second.document_version], ["agent", 3], "then the next");
+  refuse(ws, second, "rate_limited", 300);
+  timers.shift().fn();
+  assert.deepEqual(edits(ws)[3], second);
   ws.serverSend({ type: "ack", reply_to: second.id });
   assert.deepEqual(edits(ws).slice(4).map((m) => m.document_version), [4]);
 });
