@@ -734,9 +734,9 @@ test("an edit refused too often is given up, and the edits after it go", async (
   const { client, timers, ws } = await opened();
   client.editorChange({ documentVersion: 2 });
   const [first] = edits(ws);
-  client.editorChange({ documentVersion: 3 }); // sent: nothing was refused yet
+  client.editorChange({ documentVersion: 3 }); // held: the first is unanswered (one in flight)
   refuse(ws, first);
-  client.editorChange({ documentVersion: 4 });
+  client.editorChange({ documentVersion: 4 }); // merged with it: one message, version 4
   for (let attempt = 2; attempt <= 10; attempt += 1) {
     timers.shift().fn();
     refuse(ws, first);
