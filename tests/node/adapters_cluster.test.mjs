@@ -99,8 +99,16 @@ test("DefaultChatTransport: a chat started on one instance goes on through anoth
     assert.equal(second.id, first.id);  // one assistant message, carried on
     assert.deepEqual(second.parts.filter((p) => p.type === "text").map((p) => p.text),
       ["Reading.", "It says hi."]);
-    for (const base of [one, two]) {  // finished: no instance has it active any more
-      assert.equal(await transport(base, doc).reconnectToStream({ chatId: "chat-x" }), null);
+    for (const base of [one, two]) {  // finished: no instance has it active any more, once
+      // the end has reached it (on a loaded host a moment after the frontend saw it: the
+      // reconnect then replays the run, harmlessly; seen once in CI)
+      let stream = await transport(base, doc).reconnectToStream({ chatId: "chat-x" });
+      for (let tries = 0; stream !== null && tries < 50; tries += 1) {
+        await stream.cancel();
+        await new Promise((resolve) => setTimeout(resolve, 100));
+        stream = await transport(base, doc).reconnectToStream({ chatId: "chat-x" });
+      }
+      assert.equal(stream, null);
     }
   });
 
