@@ -1,11 +1,19 @@
-"""What the adapter tests share: reading an adapter's SSE answer as a frontend would."""
+"""What the adapter tests share: reading an adapter's SSE answer as a frontend would,
+and handing what it read to the real npm frontend packages (`ai`, `@ag-ui/client`)."""
 
+import json
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
+import pytest
 
 from tests.harness import token
+
+NODE_DIR = Path(__file__).parent / "node"
 
 
 async def sse(http: httpx.AsyncClient, method: str, url: str, body: Any = None,
@@ -29,3 +37,18 @@ async def sse(http: httpx.AsyncClient, method: str, url: str, body: Any = None,
 def user_message(text: str) -> dict[str, Any]:
     """An AI SDK UI message of the user's."""
     return {"id": "u1", "role": "user", "parts": [{"type": "text", "text": text}]}
+
+
+def node_json(script: str, data: object, package: str) -> Any:
+    """What an ES module `script` run by node in tests/node (where its npm packages
+    are) prints as JSON, given `data` as JSON on stdin: how a test asks the real
+    frontend package what it makes of the events an adapter sent. Skips when node or
+    `package` (in tests/node/node_modules) is missing, as `make node-deps` allows."""
+    node = shutil.which("node")
+    if node is None or not (NODE_DIR / "node_modules" / package).is_dir():
+        pytest.skip("node and the npm packages (make node-deps) are needed")
+    done = subprocess.run([node, "--input-type=module", "-e", script], cwd=NODE_DIR,
+                          input=json.dumps(data), capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, f"node exited {done.returncode}: {done.stderr}"
+    return json.loads(done.stdout)

@@ -11,10 +11,6 @@ and the real `ai` package's message holds the answer once; a frontend that may b
 """
 
 import asyncio
-import json
-import shutil
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,13 +19,12 @@ import pytest
 from protocol.server import MessageDelta, MessageDiscarded, MessageDone, ToolCall
 from server.adapters.ai_sdk_chunks import AiSdkTranslator, discarded_text
 from server.lifecycle import drain
-from tests.adapter_support import sse, user_message
+from tests.adapter_support import node_json, sse, user_message
 from tests.harness import Server, joined, running_server, token, ws_client
 from tests.redis_support import redis_process
 from tests.runs import call, script
 
 pytestmark = [pytest.mark.redis]
-NODE_DIR = Path(__file__).parent / "node"
 ANSWER = "".join(chr(65 + i % 26) for i in range(60))
 RENDER = """
 import { readUIMessageStream } from "ai";
@@ -48,14 +43,7 @@ console.log(JSON.stringify(texts));
 
 def rendered(streams: list[list[Any]]) -> list[list[str]]:
     """The text parts of the UI message the real `ai` package builds from each stream."""
-    node = shutil.which("node")
-    if node is None or not (NODE_DIR / "node_modules" / "ai").is_dir():
-        pytest.skip("node and the npm packages (make node-deps) are needed")
-    done = subprocess.run([node, "--input-type=module", "-e", RENDER], cwd=NODE_DIR,
-                          input=json.dumps(streams), capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    return list(json.loads(done.stdout))
+    return list(node_json(RENDER, streams, "ai"))
 
 
 async def _ws_follow(server: Server, document_id: str) -> list[Any]:

@@ -10,10 +10,6 @@ frontend's messages without it (`server/adapters/agui_mirror.py`); the real
 """
 
 import asyncio
-import json
-import shutil
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,12 +30,11 @@ from ag_ui.core import (
 
 from server.adapters.agui_mirror import MessageMirror, discarded_marker
 from server.lifecycle import drain
-from tests.adapter_support import sse
+from tests.adapter_support import node_json, sse
 from tests.harness import joined, running_server
 from tests.redis_support import redis_process
 from tests.runs import READ, call, script
 
-NODE_DIR = Path(__file__).parent / "node"
 ANSWER = "".join(chr(65 + i % 26) for i in range(60))
 RENDER = """
 import { AbstractAgent } from "@ag-ui/client";
@@ -62,14 +57,7 @@ console.log(JSON.stringify(out));
 def held(responses: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """The messages the real `@ag-ui/client` agent holds after each response's events,
     starting from the messages its request sent."""
-    node = shutil.which("node")
-    if node is None or not (NODE_DIR / "node_modules" / "@ag-ui" / "client").is_dir():
-        pytest.skip("node and the npm packages (make node-deps) are needed")
-    done = subprocess.run([node, "--input-type=module", "-e", RENDER], cwd=NODE_DIR,
-                          input=json.dumps(responses), capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    return list(json.loads(done.stdout))
+    return list(node_json(RENDER, responses, "@ag-ui/client"))
 
 
 def _texts(messages: list[dict[str, Any]]) -> list[str]:
