@@ -27,7 +27,6 @@ import random
 import signal
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +34,7 @@ import orjson
 import websockets
 
 from bench.common import Proc, server_process
+from tests.chaos_audit import Findings, audit
 from tests.harness import SECRET, token
 from tests.redis_support import RedisProcess, redis_process
 from tests.runs import EDITOR_TOOLS, call, script
@@ -42,18 +42,7 @@ from tests.runs import EDITOR_TOOLS, call, script
 ENV = {"COWRITE_REDIS_URL": "", "COWRITE_JWT_SECRET": SECRET, "COWRITE_RUN_LEASE_S": "2",
        "COWRITE_TOOL_TIMEOUT_S": "30", "COWRITE_APPROVAL_TIMEOUT_S": "30",
        "COWRITE_LOG_LEVEL": "error", "COWRITE_LOG_MAX_EVENTS": "200000"}  # audited whole
-QUIET_FIELDS = ("seq", "ts", "token", "prompt", "delta", "text", "arguments", "output")
 FINISH_S = 90.0  # after the faults stop: the runs in flight end, one more runs
-
-
-@dataclass
-class Findings:
-    problems: list[str] = field(default_factory=list)
-    counts: Counter[str] = field(default_factory=Counter)
-
-    def problem(self, text: str) -> None:
-        self.problems.append(text)
-        print("PROBLEM:", text, flush=True)
 
 
 class Instances:
@@ -146,7 +135,6 @@ class Tab:
     where: int = 0
     silences: list[tuple[int, float]] = field(default_factory=list)
     answers: dict[str, dict[str, Any]] = field(default_factory=dict)
-    final_active: Any = None
 
     def __post_init__(self) -> None:
         self.client_id = f"tab-{self.document_id}"
@@ -295,84 +283,6 @@ async def tab_loop(tab: Tab, instances: Instances, stopping: asyncio.Event) -> N
         except (OSError, ConnectionError, TimeoutError, websockets.WebSocketException) as exc:
             tab.findings.counts[f"drop:{type(exc).__name__}"] += 1
             await asyncio.sleep(tab.rng.uniform(0.05, 0.5))
-
-
-async def audit(tab: Tab, proc: Proc) -> None:
-    """The document's whole log, replayed to a fresh tab, against the rules."""
-    url = proc.url(f"/v1/documents/{tab.document_id}/ws")
-    events: list[dict[str, Any]] = []
-    async with websockets.connect(url, max_size=None) as ws:
-        await ws.send(orjson.dumps({"type": "hello", "protocol": 1, "client_id": "auditor",
-                                    "token": token("alice", ttl_s=7200),
-                                    "resume": {"epoch": tab.epoch, "after_seq": 0}}).decode())
-        welcome = orjson.loads(await ws.recv())
-        if not welcome.get("resumed"):
-            raise ConnectionError(f"the log was not replayed ({welcome.get('resume_failed')})")
-        tab.final_active = welcome.get("active_run")
-        while len(events) < welcome["last_seq"]:
-            event = orjson.loads(await asyncio.wait_for(ws.recv(), 30))
-            if "seq" in event:
-                events.append(event)
-    problem = tab.findings.problem
-    name = tab.document_id
-    if [e["seq"] for e in events] != list(range(1, len(events) + 1)):
-        problem(f"{name}: the log's seqs are not 1..{len(events)}")
-    started, finished, calls, done = Counter[str](), Counter[str](), Counter[str](), Counter[str]()
-    for event in events:
-        run_id, kind = str(event.get("run_id") or ""), event["type"]
-        if run_id and finished[run_id] and kind != "document.changed":
-            problem(f"{name}: {kind} (seq {event['seq']}) after {run_id} finished")
-        if kind == "run.started":
-            started[run_id] += 1
-        elif kind == "run.finished":
-            finished[run_id] += 1
-        elif kind == "tool.call":
-            calls[event["call_id"]] += 1
-        elif kind == "tool.done":
-            done[event["call_id"]] += 1
-    lost_before_start = {e.get("run_id") for e in events if e["type"] == "run.finished"
-                         and e.get("reason") == "server_lost"}
-    broken = {str(e.get("run_id")) for e in events if e.get("run_id")
-              and (started[str(e["run_id"])], finished[str(e["run_id"])]) not in ((1, 1), (0, 1))}
-    for run_id in sorted(broken)[:3]:
-        print(f"{name}: the events of {run_id}:")
-        for event in events:
-            if event.get("run_id") == run_id and event["type"] != "message.delta":
-                brief = {k: v for k, v in event.items() if k not in QUIET_FIELDS}
-                print(f"  {event['seq']} {time.strftime('%X', time.localtime(event['ts'] / 1000))}"
-                      f".{event['ts'] % 1000:03d} {brief}"[:260])
-    for run_id in set(started) | set(finished):
-        if (started[run_id], finished[run_id]) == (0, 1) and run_id in lost_before_start:
-            # its owner died after accepting it, before it began: no checkpoint to go on
-            # from, so it ends aborted/server_lost, its only event (README)
-            tab.findings.counts["run lost before it began"] += 1
-            continue
-        if (started[run_id], finished[run_id]) != (1, 1):
-            problem(f"{name}: {run_id} started {started[run_id]}x, finished "
-                    f"{finished[run_id]}x")
-    for counter, what in ((calls, "asked"), (done, "done")):
-        for call_id, times in counter.items():
-            if times > 1:
-                problem(f"{name}: call {call_id} {what} {times}x")
-    logged = {e["seq"]: e for e in events}
-    for seq, shown in tab.shown.items():
-        if seq in logged and logged[seq] != shown:
-            problem(f"{name}: seq {seq} shown as {shown['type']}, logged as "
-                    f"{logged[seq]['type']}")
-    for seq, since in tab.silences:  # what the log got while the tab heard nothing
-        print(f"{name}: after seq {seq}, silent from "
-              f"{time.strftime('%X', time.localtime(since))}:")
-        for event in events[seq:seq + 8]:
-            brief = {k: v for k, v in event.items() if k not in QUIET_FIELDS}
-            print(f"  {event['seq']} +{event['ts'] / 1000 - since:.1f}s {brief}"[:260])
-    if tab.stuck:
-        print(f"{name}: active run at the end: {tab.final_active}; the tab saw seq "
-              f"{tab.last_seq}, last on port {tab.where}")
-        for event in events[-12:]:
-            print(f"  {event['seq']} {event['type']} "
-                  f"{ {k: v for k, v in event.items() if k not in ('seq', 'ts', 'token')} }"[:300])
-    tab.findings.counts["runs"] += len(started)
-    tab.findings.counts["events"] += len(events)
 
 
 async def soak(seconds: float, count: int, documents: int, seed: int) -> Findings:
