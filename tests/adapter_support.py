@@ -2,6 +2,7 @@
 and handing what it read to the real npm frontend packages (`ai`, `@ag-ui/client`)."""
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -42,10 +43,13 @@ def user_message(text: str) -> dict[str, Any]:
 def node_json(script: str, data: object, package: str) -> Any:
     """What an ES module `script` run by node in tests/node (where its npm packages
     are) prints as JSON, given `data` as JSON on stdin: how a test asks the real
-    frontend package what it makes of the events an adapter sent. Skips when node or
-    `package` (in tests/node/node_modules) is missing, as `make node-deps` allows."""
+    frontend package what it makes of the events an adapter sent. Without node or
+    `package` (in tests/node/node_modules) it skips, but fails in CI (`CI=true`),
+    where a skipped test would hide a feature nobody checked."""
     node = shutil.which("node")
     if node is None or not (NODE_DIR / "node_modules" / package).is_dir():
+        if os.environ.get("CI") == "true":
+            pytest.fail("node and tests/node's npm packages are required in CI (make node-deps)")
         pytest.skip("node and the npm packages (make node-deps) are needed")
     done = subprocess.run([node, "--input-type=module", "-e", script], cwd=NODE_DIR,
                           input=json.dumps(data), capture_output=True, text=True,
