@@ -263,6 +263,21 @@ function start(clientId) {
     }
   });
 
+  // Edits the server refused for a moment (Redis away, rate limited) are sent again until
+  // they get in, the banner says so meanwhile; one refused for good is said in the transcript.
+  let editsBanner = false;
+  client.addEventListener("edits.pending", ({ detail }) => {
+    editsBanner = true;
+    banner(`Your edits have not reached the server yet (${detail.code}, tried ` +
+      `${detail.attempts}×); trying again in ${Math.ceil(detail.retryInMs / 1000)} s. Keep this tab open.`);
+  });
+  client.addEventListener("edits.delivered", () => {
+    if (editsBanner) banner(null);
+    editsBanner = false;
+  });
+  client.addEventListener("edit.dropped", ({ detail }) =>
+    transcript.notice(`an edit was refused (${detail.code}): the server does not have it`, true));
+
   // -- prompt, cancel, approvals ----------------------------------------------------------
   /**
    * Start a run through the client (which keeps the scope for its stale-call rule).

@@ -57,6 +57,18 @@
 // client sends a protocol `ping`; when its last ping got no answer and nothing at all
 // arrived for two intervals and 5 s, it drops the socket and reconnects (resuming).
 // The `pong`s of these pings are not dispatched.
+//
+// Edits the server refuses for a moment. Each editor.change carries an id, and the
+// server applies an edit sent again under its id once. One refused `unavailable` (Redis
+// away) or `rate_limited` is sent again, as it was, after the error's `retry_after_ms`,
+// the wait doubling while the refusals go on (at most 30 s), for as long as the client
+// lives: an edit given up would leave a run writing over what the person typed, the
+// server never told. One editor.change is in flight at most, and the edits after a
+// refused one wait for it (merged per origin), so none overtakes it; after a reconnect
+// it goes first. The app can show it: "edits.pending" {count, code, attempts, retryInMs,
+// since} at each refusal, "edits.delivered" {since, ms, dropped} once every edit held
+// since then was answered, and "edit.dropped" {message, code, error} for an edit refused
+// for good (invalid_message, forbidden...), which is dropped and the next one sent.
 
 /**
  * @typedef {{name: string, description?: string, parameters?: object, requires_approval?: boolean}} ToolSpec
@@ -89,9 +101,9 @@ const HEARTBEAT_SLACK_MS = 5000;
 /** How many times `cancelRun` sends a cancel the server answered `unavailable`. */
 const CANCEL_ATTEMPTS = 10;
 
-/** How many times an editor.change is sent while the server answers `unavailable` or
- * `rate_limited` (then it is given up and the edits after it go). */
-const EDIT_ATTEMPTS = 10;
+/** The longest wait between two sends of an editor.change the server keeps refusing for
+ * a moment (`unavailable`, `rate_limited`). There is no limit on the number of sends. */
+const EDIT_RETRY_MAX_MS = 30_000;
 
 /** A run's status while it is active or waits in line (an ack's `status`). */
 const ACTIVE_STATUSES = new Set(["running", "waiting_tool", "waiting_approval", "queued"]);
@@ -323,14 +335,20 @@ export class CowriteClient extends EventTarget {
     this.editsSent = new Map();
     /**
      * editor.changes the server refused for a moment (`unavailable`: Redis away;
-     * `rate_limited`), in order. The first is sent again, the same message under the same
-     * id, after the refusal's `retry_after_ms`; the others, and every edit made meanwhile
-     * (in `unsentEdits`), wait until it is accepted, so no later edit overtakes it.
+     * `rate_limited`), in order, and one unanswered when the connection dropped. The first
+     * is sent again, the same message under the same id, after the refusal's
+     * `retry_after_ms` (growing while refusals repeat: `#retryEdit`), as often as it takes;
+     * the others, and every edit made meanwhile (in `unsentEdits`), wait until it is
+     * accepted (or refused for good), so no later edit overtakes it. `attempts`: sends.
      * @type {{message: object, attempts: number}[]}
      */
     this.refusedEdits = [];
     /** bumped by each retry scheduled and each welcome: an older retry timer does nothing */
     this.editRetry = 0;
+    /** since an `edits.pending` until its `edits.delivered`: when the first refusal came
+     * (this.now()), and how many edits were refused for good meanwhile
+     * @type {{since: number, dropped: number}|null} */
+    this.editsHeld = null;
     /**
      * Runs whose run.start was sent but whose answer was lost with the connection: the run
      * may be going (its scope is kept), or may never have reached the server. The next
@@ -481,11 +499,14 @@ export class CowriteClient extends EventTarget {
    * diffChange) are sent only to a server that supports `edit_scope`; they are kept
    * either way, with `documentVersion`, for the stale-call rule.
    * Each editor.change carries an `id`. One the server refuses for a moment
-   * (`unavailable`, `rate_limited`) is sent again as it was after `retry_after_ms`, up to
-   * EDIT_ATTEMPTS times, and the edits after it wait for it (see `refusedEdits`); the
-   * server applies an edit sent again under its id once. One editor.change is in flight at
-   * most: edits made before its answer wait, so none overtakes a refused one; one
-   * unanswered when the connection drops is sent again, first, after the next welcome.
+   * (`unavailable`, `rate_limited`) is sent again as it was after `retry_after_ms` (doubled
+   * while refusals repeat, at most 30 s), until it is accepted, never given up, and the
+   * edits after it wait for it (see `refusedEdits`); the server applies an edit sent again
+   * under its id once. The app is told: "edits.pending" at each such refusal,
+   * "edits.delivered" once nothing waits any more, "edit.dropped" for an edit refused for
+   * good (any other error code). One editor.change is in flight at most: edits made before
+   * its answer wait, so none overtakes a refused one; one unanswered when the connection
+   * drops is sent again, first, after the next welcome.
    * Returns true when the connection is open (the edit is sent, or sent after the refused
    * one it waits for); false when it is not: the edit is then kept and sent after the next
    * welcome. Edits that wait go as one message per run of consecutive edits of an origin.
@@ -533,44 +554,83 @@ export class CowriteClient extends EventTarget {
    * too large even without its changes (a huge summary) goes without the summary: a throw
    * here would leave the client welcomed yet never open, the rest unsent. */
   #sendUnsentEdits() {
+    const dropped = [];
     while (this.unsentEdits.length && !this.editsSent.size) { // the next goes on its answer
       const edit = this.unsentEdits.shift();
       try {
         this.#sendEdit(edit);
       } catch {
-        try { this.#sendEdit({ ...edit, summary: undefined, changes: undefined }); } catch { /* */ }
+        try {
+          this.#sendEdit({ ...edit, summary: undefined, changes: undefined });
+        } catch (error) { // a huge document_version: never sendable
+          dropped.push({ message: { type: "editor.change", origin: edit.origin,
+                                    document_version: edit.documentVersion }, error });
+        }
       }
     }
+    // Told after the loop: a listener's editorChange must not overtake the edits still kept.
+    for (const { message, error } of dropped) this.#editDropped(message, error?.code, error);
   }
 
-  /** The answer to one of our editor.changes (see `refusedEdits`). */
+  /** The answer to one of our editor.changes (see `refusedEdits`). Refused for a moment:
+   * sent again later, however many times (an edit given up would leave the run going on
+   * as if the person had not typed); refused for good: dropped, reported, the next goes. */
   #editAnswered(event) {
     const message = this.editsSent.get(event.reply_to);
     this.editsSent.delete(event.reply_to);
-    const retry = event.type === "error" &&
+    const forAMoment = event.type === "error" &&
       (event.code === "unavailable" || event.code === "rate_limited");
     const first = this.refusedEdits[0];
-    if (first?.message !== message) { // its first answer
-      if (retry) this.refusedEdits.push({ message, attempts: 1 });
-      if (retry && this.refusedEdits.length === 1) this.#retryEdit(event.retry_after_ms);
-      if (!this.refusedEdits.length) this.#sendUnsentEdits(); // answered: the next may go
+    if (forAMoment) {
+      if (first?.message !== message) this.refusedEdits.push({ message, attempts: 1 });
+      const head = this.refusedEdits[0];
+      if (head.message !== message) return; // waits behind the first refused one
+      const delay = this.#retryEdit(event.retry_after_ms, head.attempts);
+      this.editsHeld ??= { since: this.now(), dropped: 0 };
+      this.dispatchEvent(new CustomEvent("edits.pending", { detail: {
+        count: this.refusedEdits.length + this.unsentEdits.length, code: event.code,
+        attempts: head.attempts, retryInMs: delay, since: this.editsHeld.since } }));
       return;
     }
-    if (retry && first.attempts < EDIT_ATTEMPTS) {
-      this.#retryEdit(event.retry_after_ms);
-      return;
+    if (first?.message === message) { // accepted at last, or refused for good: the next goes
+      this.refusedEdits.shift();
+      if (this.refusedEdits.length) this.#sendRefusedEdit(); // refused too: its wait is over
     }
-    this.refusedEdits.shift(); // accepted, or refused for good (or too often): the next goes
-    if (this.refusedEdits.length) this.#sendRefusedEdit(); // refused too: its wait is over
-    else this.#sendUnsentEdits();
+    if (!this.refusedEdits.length) this.#sendUnsentEdits(); // answered: the next may go
+    if (event.type === "error") this.#editDropped(message, event.code, event);
+    this.#editsSettled();
   }
 
-  #retryEdit(delay) {
+  /** An edit refused for good (invalid_message, forbidden...; too_large locally): the
+   * server will never have it, so the app is told (`edit.dropped`). */
+  #editDropped(message, code, error) {
+    if (this.editsHeld) this.editsHeld.dropped += 1;
+    this.dispatchEvent(new CustomEvent("edit.dropped", { detail: { message, code, error } }));
+  }
+
+  /** After an `edits.pending`: nothing held or in flight any more, `edits.delivered`. */
+  #editsSettled() {
+    if (!this.editsHeld || this.refusedEdits.length || this.unsentEdits.length ||
+        this.editsSent.size) return;
+    const { since, dropped } = this.editsHeld;
+    this.editsHeld = null;
+    this.dispatchEvent(new CustomEvent("edits.delivered", {
+      detail: { since, ms: this.now() - since, dropped } }));
+  }
+
+  /** Send the first refused edit again after the server's `retry_after_ms` (1 s if none),
+   * doubled for each refusal after the first, at most EDIT_RETRY_MAX_MS (never less than
+   * the server asked), so a long outage costs one frame every 30 s. Returns the wait. */
+  #retryEdit(retryAfterMs, refusals) {
+    const asked = retryAfterMs ?? 1000;
+    const delay = Math.max(asked, Math.min(EDIT_RETRY_MAX_MS,
+                                           asked * 2 ** Math.min(refusals - 1, 20)));
     const retry = ++this.editRetry;
     this.setTimer(() => {
       // Not open: the next welcome sends it (a frame before that would close the socket).
       if (retry === this.editRetry && this.state === "open") this.#sendRefusedEdit();
-    }, delay ?? 1000);
+    }, delay);
+    return delay;
   }
 
   /** The first refused edit, again: the same message, under the same id. */

@@ -730,24 +730,118 @@ test("one editor.change is in flight at most: a later edit never overtakes a ref
   assert.deepEqual(edits(ws).slice(4).map((m) => m.document_version), [4]);
 });
 
-test("an edit refused too often is given up, and the edits after it go", async () => {
-  const { client, timers, ws } = await opened();
+/** The client's reports about held edits: edits.pending, edits.delivered, edit.dropped. */
+const editReports = (client) => {
+  const reports = [];
+  for (const name of ["edits.pending", "edits.delivered", "edit.dropped"]) {
+    client.addEventListener(name, (e) => reports.push({ name, ...e.detail }));
+  }
+  return reports;
+};
+
+test("an edit refused 15 times is sent until accepted, once, before the edits after it; the app is told", async () => {
+  // It used to be given up after 10 sends (a Redis outage of ~10 s): the server never
+  // learnt of the person's edit, the run went on, and nothing said so.
+  const { client, timers, clock, ws } = await opened();
+  const reports = editReports(client);
+  clock.now = 1000;
   client.editorChange({ documentVersion: 2 });
   const [first] = edits(ws);
   client.editorChange({ documentVersion: 3 }); // held: the first is unanswered (one in flight)
   refuse(ws, first);
   client.editorChange({ documentVersion: 4 }); // merged with it: one message, version 4
-  for (let attempt = 2; attempt <= 10; attempt += 1) {
-    timers.shift().fn();
-    refuse(ws, first);
+  const waits = [];
+  for (let refusal = 2; refusal <= 15; refusal += 1) {
+    assert.equal(timers.length, 1, `after ${refusal - 1} refusals, a retry is scheduled`);
+    const retry = timers.shift();
+    waits.push(retry.ms);
+    clock.now += retry.ms;
+    retry.fn();
+    // The server's wait is a floor: one long rate_limited wait is kept as it is.
+    if (refusal === 12) refuse(ws, first, "rate_limited", 45_000);
+    else refuse(ws, first);
   }
-  assert.equal(edits(ws).filter((m) => m.id === first.id).length, 10);
-  assert.equal(timers.length, 0, "no more attempts");
-  assert.deepEqual(edits(ws).slice(-1).map((m) => m.document_version), [4]);
+  assert.equal(timers.length, 1, "one retry is always scheduled: the edit is never given up");
+  waits.push(timers[0].ms);
+  assert.deepEqual(waits, [700, 1400, 2800, 5600, 11_200, 22_400, 30_000, 30_000, 30_000, 30_000,
+                           30_000, 45_000, 30_000, 30_000, 30_000],
+                   "the server's retry_after_ms, doubled while refusals go on, at most 30 s");
+  assert.equal(edits(ws).length, 15, "nothing overtook it");
+  clock.now += timers[0].ms;
+  timers.shift().fn();
+  assert.deepEqual(edits(ws), Array(16).fill(first), "the same message, under the same id, 16 times");
+  const pending = reports.filter((r) => r.name === "edits.pending");
+  assert.equal(pending.length, 15, "one report per refusal");
+  assert.deepEqual(pending[0], { name: "edits.pending", count: 2, code: "unavailable", attempts: 1,
+                                 retryInMs: 700, since: 1000 });
+  assert.deepEqual(pending.map((r) => [r.attempts, r.code, r.count, r.since]).slice(10, 12),
+                   [[11, "unavailable", 2, 1000], [12, "rate_limited", 2, 1000]]);
+  assert.equal(pending.at(-1).retryInMs, 30_000);
+
+  ws.serverSend({ type: "ack", reply_to: first.id }); // Redis is back
+  const after = edits(ws).slice(16);
+  assert.deepEqual(after.map((m) => m.document_version), [4], "then the edits made meanwhile, once");
+  assert.equal(reports.length, 15, "not delivered yet: the edits after it are in flight");
+  clock.now += 50;
+  ws.serverSend({ type: "ack", reply_to: after[0].id });
+  assert.deepEqual(reports.at(-1), { name: "edits.delivered", since: 1000, ms: clock.now - 1000,
+                                     dropped: 0 });
+  assert.equal(timers.length, 0);
+  client.editorChange({ documentVersion: 5 });
+  ws.serverSend({ type: "ack", reply_to: edits(ws).at(-1).id });
+  assert.equal(reports.length, 16, "nothing more to report while edits go through");
+});
+
+test("an edit refused for good is dropped and reported; the next goes", async () => {
+  const { client, timers, ws } = await opened();
+  const reports = editReports(client);
+  client.editorChange({ documentVersion: 2 });
+  client.editorChange({ origin: "agent", documentVersion: 3 });
+  const [first] = edits(ws);
+  refuse(ws, first);
+  timers.shift().fn();
+  ws.serverSend({ type: "error", code: "invalid_message", message: "bad", reply_to: first.id });
+  const [second] = edits(ws).slice(2);
+  assert.deepEqual([second.origin, second.document_version], ["agent", 3]);
+  assert.deepEqual(reports.map((r) => r.name), ["edits.pending", "edit.dropped"]);
+  assert.deepEqual(JSON.parse(JSON.stringify(reports[1].message)), first, "the edit, as it was sent");
+  assert.equal(reports[1].code, "invalid_message");
+  assert.equal(reports[1].error.reply_to, first.id);
+  ws.serverSend({ type: "ack", reply_to: second.id });
+  assert.deepEqual(reports.at(-1), { name: "edits.delivered", since: 0, ms: 0, dropped: 1 },
+                   "nothing waits any more; one of them never got in");
+
+  // Refused for good at once (a viewer's edit): reported too, and nothing was pending.
+  client.editorChange({ documentVersion: 4 });
+  const third = edits(ws).at(-1);
+  ws.serverSend({ type: "error", code: "forbidden", message: "viewer", reply_to: third.id });
+  assert.deepEqual(reports.slice(3).map((r) => [r.name, r.code, r.message.id]),
+                   [["edit.dropped", "forbidden", third.id]]);
+});
+
+test("a kept edit that cannot be sent at all is reported dropped, and the others go", async () => {
+  const { client, timers, ws } = await opened();
+  ws.serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: false,
+                  limits: { max_message_bytes: 4096 } });
+  const reports = editReports(client);
+  ws.serverClose(1006);
+  client.editorChange({ documentVersion: "v".repeat(5000) }); // the app's version: far too long
+  client.editorChange({ origin: "agent", documentVersion: 3 });
+  timers.shift().fn();
+  await tick();
+  const again = Fake.all.at(-1);
+  again.serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: true, replayed: 0,
+                     limits: { max_message_bytes: 4096 } });
+  assert.equal(client.state, "open");
+  drain(again);
+  assert.deepEqual(editsSent(again), [{ type: "editor.change", origin: "agent", document_version: 3 }]);
+  assert.deepEqual(reports.map((r) => [r.name, r.code, r.message.origin]),
+                   [["edit.dropped", "too_large", "user"]]);
 });
 
 test("an edit refused before the connection dropped goes first after the next welcome, under its id", async () => {
   const { client, timers, ws } = await opened();
+  const reports = editReports(client);
   client.editorChange({ documentVersion: 2 });
   const [first] = edits(ws);
   refuse(ws, first);
@@ -762,8 +856,16 @@ test("an edit refused before the connection dropped goes first after the next we
   assert.deepEqual(edits(again), [], "a frame before the welcome would close the connection");
   again.serverSend({ type: "welcome", epoch: "E", last_seq: 0, resumed: true, replayed: 0 });
   assert.deepEqual(edits(again), [first]);
+  refuse(again, first); // still away: the wait goes on growing, under the same id
+  assert.equal(timers.at(-1).ms, 1400);
+  timers.pop().fn();
+  assert.deepEqual(edits(again), [first, first]);
   again.serverSend({ type: "ack", reply_to: first.id });
-  assert.deepEqual(edits(again).slice(1).map((m) => m.document_version), [3]);
+  const [next] = edits(again).slice(2);
+  assert.equal(next.document_version, 3);
+  again.serverSend({ type: "ack", reply_to: next.id });
+  assert.deepEqual(reports.map((r) => [r.name, r.attempts ?? r.dropped]),
+                   [["edits.pending", 1], ["edits.pending", 2], ["edits.delivered", 0]]);
 });
 
 test("a client with no WebSocket or a baseUrl without a scheme throws at once", () => {
