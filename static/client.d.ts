@@ -12,6 +12,7 @@
 import type {
   AckEvent,
   ClientMessage,
+  EditorChangeMessage,
   ErrorEvent,
   ResumePoint,
   RunContext,
@@ -255,6 +256,42 @@ export interface ToolExecutedDetail {
   ended: boolean;
 }
 
+/**
+ * `detail` of the "edits.pending" event: an `editor.change` was refused for a moment
+ * (`unavailable`, `rate_limited`). It is sent again, as it was, in `retryInMs`, however
+ * many times it takes; the edits after it wait for it.
+ */
+export interface EditsPendingDetail {
+  /** editor.change messages waiting (the refused one included; consecutive edits of one origin are one). */
+  count: number;
+  code: "unavailable" | "rate_limited";
+  /** How many times the refused edit was sent so far. */
+  attempts: number;
+  /** The wait before the next send: `retry_after_ms`, doubled while refusals go on, at most 30 s (never less than asked). */
+  retryInMs: number;
+  /** When the first of these refusals came (the `now` option's clock). */
+  since: number;
+}
+
+/** `detail` of the "edits.delivered" event: after "edits.pending", every edit held since was answered. */
+export interface EditsDeliveredDetail {
+  since: number;
+  /** How long edits were held (the `now` option's clock). */
+  ms: number;
+  /** How many of them were refused for good meanwhile (each reported by "edit.dropped"). */
+  dropped: number;
+}
+
+/** `detail` of the "edit.dropped" event: an edit the server will never have. */
+export interface EditDroppedDetail {
+  /** The editor.change as sent (without `id` when it could not be sent at all). */
+  message: Partial<EditorChangeMessage>;
+  /** The server's error code (`invalid_message`, `forbidden`...), or "too_large" (not sendable). */
+  code: string | undefined;
+  /** The server's `error` event, or the local Error. */
+  error: ErrorEvent | Error;
+}
+
 /** The DOM events a CowriteClient dispatches, by name. */
 export type CowriteEventMap = {
   [E in ServerEvent as E["type"]]: CustomEvent<E>;
@@ -263,6 +300,9 @@ export type CowriteEventMap = {
   event: CustomEvent<ServerEvent>;
   state: CustomEvent<StateDetail>;
   "tool.executed": CustomEvent<ToolExecutedDetail>;
+  "edits.pending": CustomEvent<EditsPendingDetail>;
+  "edits.delivered": CustomEvent<EditsDeliveredDetail>;
+  "edit.dropped": CustomEvent<EditDroppedDetail>;
 };
 
 export interface CowriteClientOptions {

@@ -176,3 +176,10 @@ async function run(): Promise<void> {
 const action: "retry" | "reauth" | "stop" = closeAction(CLOSE.SLOW_CONSUMER);
 const delay: number = backoffDelay(3, { baseMs: 100 });
 void [action, delay, run];
+
+client.addEventListener("edits.pending", (event) => {
+  const waitS: number = event.detail.retryInMs / 1000;
+  const code: "unavailable" | "rate_limited" = event.detail.code;
+  void waitS; void code; void event.detail.count;
+});
+client.addEventListener("edit.dropped", (event) => { void event.detail.message.document_version; });
