@@ -130,7 +130,7 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
                 self._forward_edit(driver.run_id, peer, message)
                 return
             if driver is not None and not driver.state.finished and \
-                    not driver.ending_unlogged:
+                    not driver.waits_out_outage:
                 if await self._submit_edit(driver, peer, message):
                     return
                 await driver.done.wait()  # it ended, or moved to another instance: ask there
@@ -199,7 +199,7 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
             return
         driver = self.active
         if driver is not None and driver.run_id == message.run_id:
-            if driver.ending_unlogged:  # its end waits out an outage: do not wait with it
+            if driver.waits_out_outage:  # a decision waits out an outage: do not wait with it
                 peer.error(ErrorCode.UNAVAILABLE, "the shared backend is unavailable; retry "
                            "shortly", reply_to=message.id, run_id=message.run_id,
                            retry_after_ms=1000)
