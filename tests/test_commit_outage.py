@@ -32,6 +32,7 @@ from bench.common import Proc, server_process
 from server import tracing
 from tests.cluster_support import FAST_LEASE, ended, instance, join, killed, start_run
 from tests.harness import SECRET, Client, joined, running_server
+from tests.kill_proxy import _Proxy
 from tests.redis_support import redis_process
 from tests.runs import answer, call, script
 from tests.test_outage_gaps import OutageProxy
@@ -174,6 +175,64 @@ async def test_sigterm_during_the_outage_hands_the_run_over_once_redis_is_back()
                         return
                 await asyncio.sleep(0.1)
             pytest.fail(f"the next instance did not take the run over: {welcome}")
+
+
+class BlockingProxy(_Proxy):
+    """While `blocking`, every command holding the marker is cut unforwarded (its
+    connection closed, as an outage does); everything else reaches Redis: the run's
+    decision waits out an "outage" that the rest of the instance does not see."""
+
+    def __init__(self, redis_port: int, marker: bytes) -> None:
+        super().__init__(redis_port, marker)
+        self.blocking = True
+
+    async def __aenter__(self) -> "BlockingProxy":
+        await super().__aenter__()
+        return self
+
+    async def _up(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter,
+                  cut: asyncio.Event) -> None:
+        while data := await source.read(65536):
+            if self.blocking and self.marker in data:
+                self.fired.set()
+                break
+            sink.write(data)
+            await sink.drain()
+        sink.transport.abort()
+
+
+async def test_an_edit_while_the_decision_waits_out_the_outage_is_refused_not_lost() -> None:
+    """A person edits while the run's decision (its `tool.call`) waits out an outage that
+    lookups do not meet (Redis answers them): the edit is refused `unavailable` before
+    anything is done, and sent again once the decision is logged it aborts the run, as
+    an edit does. The lookup used to find the run here and let the edit through
+    unseen by the run: acked and logged, the run went on as if nobody had typed."""
+    async with redis_process() as redis, BlockingProxy(redis.port, TOOL_CALL) as proxy, \
+            server_process("cowrite", COWRITE_REDIS_URL=proxy.url, COWRITE_JWT_SECRET=SECRET,
+                           **ENV) as owner:
+        async with join(owner) as (alice, _):
+            await start_run(alice, STEPS, "o-3")
+            await asyncio.wait_for(proxy.fired.wait(), 10)
+            # Past half a lease and redis-py's own retries: the decision waits out the
+            # outage (for 3 leases more). An edit sent before waits behind it, in order.
+            await asyncio.sleep(3.5)
+            edit = {"type": "editor.change", "id": "e-1", "origin": "user", "summary": "typed"}
+            await alice.send(edit)
+            first = await alice.recv_until(reply_to("e-1"))
+            assert (first["type"], first.get("code")) == ("error", "unavailable"), first
+            proxy.blocking = False
+            for _ in range(40):  # as a client does: again under the same id
+                await asyncio.sleep(first.get("retry_after_ms", 250) / 1000)
+                await alice.send(edit)
+                reply = await alice.recv_until(reply_to("e-1"))
+                if reply["type"] == "ack":
+                    break
+                assert reply.get("code") == "unavailable", reply
+            else:
+                pytest.fail("the edit sent again was never taken")
+            finished = await finished_within(alice, "o-3")
+        assert (finished["status"], finished.get("reason")) == \
+            ("aborted", "document_changed"), finished
 
 
 @pytest.fixture
