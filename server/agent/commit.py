@@ -7,10 +7,15 @@ killed between two separate writes left a checkpoint whose events were never
 logged (a `tool.call` nobody saw; after a takeover the call timed out).
 A refusable decision (a client's `tool.result` or `approval`, the start) is
 tried once and its sender answered on failure; any other is committed already
-and retried through an outage (`publishing.py`). The run's end is written with
-its final checkpoint (a survivor then knows it ended) and retried under one
-write id while this instance holds the lease, so an outage neither loses it
-nor logs it twice. A failure that ends the run here (`Crashed`, `LeaseLost`)
+and retried through an outage (`publishing.py`): for half a lease, then, fenced
+by the lease (written with its checkpoint, under one write id), for up to
+`OUTAGE_RETRY_LEASES` leases more while this instance holds the lease, so an
+outage neither loses it nor logs it twice. That holds for the run's end (a
+survivor then knows it ended) and, since the chaos soak's Redis pauses of 2-3 s
+under a 2 s lease, for a running run's decisions too (the model asking for a
+tool, a takeover's `run.resumed`): those used to end the run `failed`
+`internal_error` after half a lease, though nobody else could take the run while
+Redis was away. A failure that ends the run here (`Crashed`, `LeaseLost`)
 is applied only once the lease's lock is free (`Then`): applying it wrote the end
 under the same lock, which is not re-entrant, and the run hung for ever (no
 `run.finished`, the document busy, a shutdown waiting on it). Kept apart from
@@ -31,14 +36,15 @@ from server.agent.steps import Crashed, Decision, Input, LeaseLost, Publish
 from server.backends.base import BackendUnavailable
 from server.connection import Peer
 from server.inbox import Envelope
-from server.log_groups import LeaseNotHeld, same_write
+from server.log_groups import LeaseNotHeld, new_write_id, same_write
 from server.ports import EventLog
 
 logger = logging.getLogger("cowrite.agent")
-# How long a run's end is retried through a Redis outage after the first half lease, in
-# leases (`_end_through_outage`). Nobody else can take the run while Redis is away, so
-# this bounds only how long a driver (and a shutdown waiting for it) waits for Redis.
-ENDING_RETRY_LEASES = 3
+# How long a decision (the run's end or not) is retried through a Redis outage after the
+# first half lease, in leases (`_through_outage`). Nobody else can take the run while
+# Redis is away, so this bounds only how long a driver (and a shutdown waiting for it)
+# waits for Redis.
+OUTAGE_RETRY_LEASES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +68,7 @@ class CommitMixin:
     _released: bool
     _current: Envelope | None  # the input being applied
     answered: Peer | None  # its sender, once answered before the decision's effects
-    ending_unlogged: bool  # the run's end is being retried through an outage
+    waits_out_outage: bool  # a decision is being retried through an outage
 
     @property
     def run_id(self) -> str:
@@ -79,9 +85,12 @@ class CommitMixin:
                             fence: bool) -> bool | None:
         """The decision's `Publish`: None once logged, else what `_execute` returns. A
         failure that ends the run is applied here, with no lock held (`Then`)."""
-        outcome = await (self._commit(publish, decision, peer,
-                                      self.lease.decision_write(decision.state))
-                         if fence else self._publish(publish, decision, peer, None))
+        if fence:
+            outcome = await self._commit(publish, decision, peer,
+                                         self.lease.decision_write(decision.state))
+        else:  # with Redis, under a write id of its own: one write, however it is tried
+            outcome = await self._publish(publish, decision, peer, None, new_write_id()
+                                          if self.env.registry.remote else "")
         if isinstance(outcome, Then):
             ended = await self._apply(outcome.event, None)  # the run's end is logged (Crashed)
             return ended and not isinstance(outcome.event, LeaseLost)  # or not ours (False)
@@ -132,35 +141,42 @@ class CommitMixin:
             return None
         except PublishFailed as failed:
             self.lease.announcing = None
-            if not decision.state.finished:
-                return Then(Crashed(failed.ref))
             if isinstance(failed.cause, BackendUnavailable) and self.env.registry.remote:
-                return await self._end_through_outage(publish, decision, peer, write, write_id)
+                return await self._through_outage(publish, decision, peer, write, write_id)
+            if not decision.state.finished:  # the client is shown the ref: it is logged
+                logger.error("a decision of the run could not be logged (%s, ref %s)",
+                             failed.why, failed.ref, extra=self.log_extra)
+                return Then(Crashed(failed.ref))
             logger.error("the run's end could not be logged (%s)", failed.why,
                          extra=self.log_extra)
             self.state = decision.state
             return True  # the driver's last resort frees the document
 
-    async def _end_through_outage(self, publish: Publish, decision: Decision,
-                                  peer: Peer | None, write: DecisionWrite | None,
-                                  write_id: str) -> Outcome:
-        """The run's end was not logged within half a lease: Redis is away. Its sender (a
-        `run.cancel`'s) is told `unavailable` now, and the end is tried again with its
-        checkpoint under the same write id (logged once however many attempts reach
+    async def _through_outage(self, publish: Publish, decision: Decision, peer: Peer | None,
+                              write: DecisionWrite | None, write_id: str) -> Outcome:
+        """The decision (the run's end, or a running run's: a `tool.call`, a takeover's
+        `run.resumed`) was not logged within half a lease: Redis is away. Its sender (a
+        `run.cancel`'s) is told `unavailable` now, and the decision is tried again with
+        its checkpoint under the same write id (logged once however many attempts reach
         Redis) while only this instance may write it (the lease check is in the same
-        step), for up to `ENDING_RETRY_LEASES` leases. None once logged: the decision's
-        other effects follow (its `Release`; no second answer). `LeaseNotHeld` when
-        another instance took the run over meanwhile (`_commit`: it goes on there).
+        step), for up to `OUTAGE_RETRY_LEASES` leases. None once logged: the decision's
+        other effects follow (a `Release`, a timer, the next model turn; no second
+        answer). `LeaseNotHeld` when another instance took the run over meanwhile
+        (`_commit`: it goes on there; `Then(LeaseLost())` when no write was in hand).
         `Then(LeaseLost())` after that time (applied once the lease's lock is free): the
         run is let go here unfreed, and whoever takes it over goes on from its
         checkpoint (the client was told to retry), or frees it if the end did reach
-        Redis. It used to be given up after half a lease, its sender not answered, and
-        this instance's own janitor took the run "over", lacking the end: a
-        `run.cancel` was lost and the run waited on its call again. After Redis
-        lost the run (no `write` in hand) the end's events went as a plain group, then
-        here under another write id: an append whose reply was lost logged them twice.
-        The write here is the decision's first (`write_id`, whose ids the group used)."""
-        self.ending_unlogged = True  # messages about the run are answered `unavailable`
+        Redis. An end used to be given up after half a lease, its sender not answered,
+        and this instance's own janitor took the run "over", lacking the end: a
+        `run.cancel` was lost and the run waited on its call again; a running run's
+        decision ended the run `failed` `internal_error` (the chaos soak's Redis pauses).
+        After Redis lost the run (no `write` in hand) the events went as a plain group,
+        then here under another write id: an append whose reply was lost logged them
+        twice. The write here is the decision's first (`write_id`, whose ids the group
+        used; an unfenced decision gets one too, `_log_decision`)."""
+        self.waits_out_outage = True  # messages about the run are answered `unavailable`
+        logger.warning("a decision of the run could not be logged within half a lease; "
+                       "retrying it through the outage", extra=self.log_extra)
         if peer is not None:
             self.answered = peer
             peer.reply(Error(code=ErrorCode.UNAVAILABLE, message="the shared backend is "
@@ -171,22 +187,27 @@ class CommitMixin:
         try:
             self.lease.announcing = decision.state  # no renewal undoes the checkpoint
             if write is not None:  # `_commit` holds the lease's lock
-                await self._retry_ending(publish, write)
+                await self._retry_through(publish, write)
                 return None
-            async with self.lease.lock:  # claimed again after Redis lost the run (`_commit`)
+            async with self.lease.lock:  # unfenced, or claimed again after Redis lost the run
                 again = self.lease.decision_write(decision.state)
                 again.write_id = write_id or again.write_id
-                await self._retry_ending(publish, again)
+                await self._retry_through(publish, again)
             return None
+        except LeaseNotHeld:
+            if write is not None:
+                raise  # `_commit` looks into it (Redis lost the run: claimed again)
+            self.lease.announcing = None
+            return Then(LeaseLost())
         except PublishFailed as failed:
             self.lease.announcing = None
-            logger.error("the run's end could not be logged (%s); its lease lapses and "
-                         "whoever takes the run over goes on", failed.why,
+            logger.error("a decision of the run could not be logged (%s); its lease lapses "
+                         "and whoever takes the run over goes on", failed.why,
                          extra=self.log_extra)
             return Then(LeaseLost())
         finally:
-            self.ending_unlogged = False
+            self.waits_out_outage = False
 
-    async def _retry_ending(self, publish: Publish, write: DecisionWrite) -> None:
+    async def _retry_through(self, publish: Publish, write: DecisionWrite) -> None:
         await publish_retrying(self.log, publish.events, self.env.settings.run_lease_s
-                               * ENDING_RETRY_LEASES, self.log_extra, write)
+                               * OUTAGE_RETRY_LEASES, self.log_extra, write)

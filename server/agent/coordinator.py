@@ -120,7 +120,9 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
         Asked again when the run came here while its owner was looked up (a takeover).
         Redis away for the lookup: tried for up to 2 s, then `BackendUnavailable` (a
         person's edit: `unavailable` before anything is done, so its client sends it
-        again under its `id`: applied once)."""
+        again under its `id`: applied once); at once while the local run's decision waits
+        out an outage (`commit.py`: the lookup found the run here once Redis was back and
+        the edit was dropped unanswered). One forwarded here waits for that decision."""
         for _ in range(2):
             driver = self.active
             if not forwarded and driver is not None and not driver.state.finished and \
@@ -130,10 +132,12 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
                 self._forward_edit(driver.run_id, peer, message)
                 return
             if driver is not None and not driver.state.finished and \
-                    not driver.ending_unlogged:
+                    (forwarded or not driver.waits_out_outage):
                 if await self._submit_edit(driver, peer, message):
                     return
                 await driver.done.wait()  # it ended, or moved to another instance: ask there
+            elif driver is not None and not driver.state.finished:  # (the lookup below
+                raise BackendUnavailable("the run waits out an outage")  # dropped it)
             try:
                 record = await self._record_elsewhere()
             except BackendUnavailable:
@@ -199,7 +203,7 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
             return
         driver = self.active
         if driver is not None and driver.run_id == message.run_id:
-            if driver.ending_unlogged:  # its end waits out an outage: do not wait with it
+            if driver.waits_out_outage:  # a decision waits out an outage: do not wait with it
                 peer.error(ErrorCode.UNAVAILABLE, "the shared backend is unavailable; retry "
                            "shortly", reply_to=message.id, run_id=message.run_id,
                            retry_after_ms=1000)

@@ -88,7 +88,7 @@ class RunDriver(CommitMixin):
         self._parts: list[str] = []  # text the current message streamed so far
         self._released = False
         self.answered: Peer | None = None  # the sender answered during the commit
-        self.ending_unlogged = False  # the run's end waits out an outage (commit.py)
+        self.waits_out_outage = False  # a decision waits out an outage (commit.py)
         self._main: asyncio.Task[None] | None = None
         self._started: asyncio.Future[bool] | None = None
         self.done = asyncio.Event()
@@ -250,7 +250,7 @@ class RunDriver(CommitMixin):
             if done is not None:
                 return done
             if peer is not None and self.answered is peer:  # told `unavailable` while
-                peer = self.answered = None  # its end waited out an outage (commit.py)
+                peer = self.answered = None  # it waited out an outage (commit.py)
         self.state, self.lease.announcing = decision.state, None
         await self._run_effects(effects[slot + 1:], peer, decision.state)
         return True
