@@ -28,6 +28,7 @@ from protocol.server import (
     Welcome,
 )
 from server.agent.edits import edit_key
+from server.agent.wire_events import LoggedEventSource, WireEvent
 from server.backends.base import (
     Backend,
     BackendUnavailable,
@@ -65,8 +66,11 @@ def _member(conn: Connection) -> str:
     return f"{conn.user_id}|{conn.client_id}|{conn.session_id}"
 
 
-def _encoded(event: DurableServerEvent) -> tuple[str, bytes]:
-    """The event's type and its body for the log (`encode_event_body`), or `UnloggableEvent`."""
+def _encoded(event: LoggedEventSource) -> tuple[str, bytes]:
+    """The event's type and its body for the log (`encode_event_body`), or `UnloggableEvent`.
+    A `WireEvent` was encoded when it was made (the round trip's; `wire_events`)."""
+    if type(event) is WireEvent:
+        return event.type, event.json[:-1]
     try:
         wire = event.to_wire()
     except (TypeError, ValueError) as exc:  # an encoder refused the content
@@ -246,7 +250,7 @@ class DocumentSession:
                                                       write_id)
             return await self.backend.append(self.document_id, event.to_wire())
 
-    async def publish_many(self, events: Sequence[DurableServerEvent],
+    async def publish_many(self, events: Sequence[LoggedEventSource],
                            checkpoint: DecisionCheckpoint | None = None) -> None:
         """Log `events` as one group, in order (after any delta held back for merging).
 
