@@ -11,8 +11,10 @@ the count does not depend on what else the machine runs. Neither writes README;
 
 import argparse
 import asyncio
+import shutil
 import statistics
 import tempfile
+from pathlib import Path
 
 from bench import runs, tracing
 from bench.common import CLIENT_CORE, percentile, pin, server_process
@@ -40,11 +42,22 @@ async def p50s(calls: int, reps: int) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in got.items()}
 
 
-async def instructions(calls: int) -> float:
+async def instructions(calls: int, keep: str | None = None) -> float:
+    """Server instructions per round trip; with `keep`, callgrind's out files are copied
+    into that directory (for `callgrind_annotate`, per function)."""
     with tempfile.TemporaryDirectory(prefix="cowrite-rtt-cg-") as directory:
         async with tracing.callgrind_server("off", directory) as (proc, out):
             await tracing._round_trips(proc, 20)  # warm-up
-            return await tracing._counted(proc, out, tracing._round_trips, calls)
+            count = await tracing._counted(proc, out, tracing._round_trips, calls)
+        if keep is not None:
+            _copy_out_files(directory, keep)
+        return count
+
+
+def _copy_out_files(directory: str, keep: str) -> None:
+    Path(keep).mkdir(parents=True, exist_ok=True)
+    for path in Path(directory).glob("cg.*"):
+        shutil.copy(path, Path(keep) / path.name)
 
 
 def main() -> None:
@@ -52,9 +65,11 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--callgrind", action="store_true")
+    parser.add_argument("--keep", metavar="DIR",
+                        help="with --callgrind: copy callgrind's out files into DIR")
     args = parser.parse_args()
     if args.callgrind:
-        count = asyncio.run(instructions(min(args.calls, 200)))
+        count = asyncio.run(instructions(min(args.calls, 200), args.keep))
         print(f"server instructions per client tool round trip: {count / 1000:,.0f} k")
         return
     pin(0, CLIENT_CORE)

@@ -7,9 +7,9 @@ which queue frames on the connection's `Outbound` writer.
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from protocol.base import WireModel
 from protocol.codes import CloseCode, ErrorCode
 from protocol.server import Ack, Error
+from server.agent.wire_events import Message
 from server.auth import Principal
 from server.observability import Metrics
 from server.outbound import CloseRequest, Outbound
@@ -26,7 +26,7 @@ class Peer(Protocol):
     @property
     def user_id(self) -> str: ...
 
-    def reply(self, message: WireModel) -> None: ...
+    def reply(self, message: Message) -> None: ...
 
     def error(self, code: ErrorCode, message: str, *, reply_to: str | None = None,
               run_id: str | None = None, details: Any = None,
@@ -62,12 +62,12 @@ class Connection:
     def is_viewer(self) -> bool:
         return self.principal.role == "viewer"
 
-    def reply(self, message: WireModel) -> None:
+    def reply(self, message: Message) -> None:
         # Every server message has a `type` field (a literal default): read it,
         # rather than dumping the model a second time to find it.
         if isinstance(message, Error):  # counted here: the run engine makes its own errors
             self.metrics.errors.labels(ErrorCode(message.code).value).inc()
-        self.outbound.push_frame(str(message.type),  # type: ignore[attr-defined]
+        self.outbound.push_frame(str(message.type),  # type: ignore[union-attr]
                                  message.to_json().decode())
 
     def error(

@@ -15,7 +15,8 @@ from typing import Any, Literal, Protocol
 
 from protocol.base import WireModel
 from protocol.client import ClientMessage, EditorChange
-from protocol.server import DurableServerEvent, FinishedStatus, RunSnapshot
+from protocol.server import FinishedStatus, RunSnapshot
+from server.agent.wire_events import LoggedEventSource
 from server.backends.base import RunRegistry
 from server.connection import Peer
 from server.log_groups import DecisionCheckpoint
@@ -31,7 +32,7 @@ class EventLog(Protocol):
     """Shared (Redis): an append's reply can be lost after it happened, so retries of a
     write carry its write ids (`log_groups.one_write`)."""
 
-    async def publish_many(self, events: Sequence[DurableServerEvent],
+    async def publish_many(self, events: Sequence[LoggedEventSource],
                            checkpoint: DecisionCheckpoint | None = None) -> None:
         """Log `events` in order (with `checkpoint`, written in the same step). Raises
         `BackendUnavailable` or `UnloggableEvent` when the first event could not be

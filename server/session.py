@@ -28,6 +28,7 @@ from protocol.server import (
     Welcome,
 )
 from server.agent.edits import edit_key
+from server.agent.wire_events import LoggedEventSource, WireEvent
 from server.backends.base import (
     Backend,
     BackendUnavailable,
@@ -65,8 +66,11 @@ def _member(conn: Connection) -> str:
     return f"{conn.user_id}|{conn.client_id}|{conn.session_id}"
 
 
-def _encoded(event: DurableServerEvent) -> tuple[str, bytes]:
-    """The event's type and its body for the log (`encode_event_body`), or `UnloggableEvent`."""
+def _encoded(event: LoggedEventSource) -> tuple[str, bytes]:
+    """The event's type and its body for the log (`encode_event_body`), or `UnloggableEvent`.
+    A `WireEvent` was encoded when it was made (the round trip's; `wire_events`)."""
+    if type(event) is WireEvent:
+        return event.type, event.json[:-1]
     try:
         wire = event.to_wire()
     except (TypeError, ValueError) as exc:  # an encoder refused the content
@@ -246,7 +250,7 @@ class DocumentSession:
                                                       write_id)
             return await self.backend.append(self.document_id, event.to_wire())
 
-    async def publish_many(self, events: Sequence[DurableServerEvent],
+    async def publish_many(self, events: Sequence[LoggedEventSource],
                            checkpoint: DecisionCheckpoint | None = None) -> None:
         """Log `events` as one group, in order (after any delta held back for merging).
 
@@ -255,18 +259,16 @@ class DocumentSession:
         log cannot hold is refused up front (`UnloggableEvent`). A backend outage
         in the middle of a group is retried for a while before giving up. A group
         with its decision's `checkpoint` is written with it in one step (log_groups).
-
         An in-process log appends as plain calls that never wait nor fail midway: each
         event is encoded once, up front, and logged without a coroutine per append."""
         append_encoded = self._append_encoded
         if append_encoded is not None and checkpoint is None:
             encoded = [_encoded(event) for event in events]
             if self._pending is not None or self._publish_lock.locked():
-                async with self._publish_lock:
+                async with self._publish_lock:  # appended right after: no await between
                     await self._flush_locked()
-                    self._append_now(append_encoded, encoded)
-            else:
-                self._append_now(append_encoded, encoded)
+            for kind, body in encoded:
+                append_encoded(self.document_id, kind, body)
             return
         try:
             wires = [event.to_wire() for event in events]
@@ -279,10 +281,14 @@ class DocumentSession:
             await self._flush_locked()
             await append_group(self.backend, self.document_id, wires, checkpoint)
 
-    def _append_now(self, append_encoded: Callable[[str, str, bytes], LoggedEvent],
-                    encoded: list[tuple[str, bytes]]) -> None:
-        for kind, body in encoded:
-            append_encoded(self.document_id, kind, body)
+    def publish_now(self, events: Sequence[WireEvent]) -> bool:
+        """`publish_many` of encoded events an in-process log appends at once; else False."""
+        append_encoded = self._append_encoded
+        if append_encoded is None or self._pending is not None or self._publish_lock.locked():
+            return False
+        for event in events:
+            append_encoded(self.document_id, event.type, event.json[:-1])
+        return True
 
     async def publish_delta(self, run_id: str, message_id: str, delta: str) -> None:
         """The hot path: no model object per delta. A delta is logged at once when

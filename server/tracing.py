@@ -64,6 +64,7 @@ from server.agent.steps import (
     Publish,
     Resume,
 )
+from server.agent.wire_events import WireEvent
 from server.settings import Settings
 from server.startup_errors import StartupError
 
@@ -189,7 +190,8 @@ class RunTracer:
                 kind = type(effect)
                 if kind is Publish:
                     for published in effect.events:  # type: ignore[union-attr]
-                        handler = on_event.get(type(published))
+                        handler = on_event.get(published.model if type(published) is WireEvent
+                                               else type(published))
                         if handler is not None:
                             handler(spans, published)
                 elif kind is CallModel:

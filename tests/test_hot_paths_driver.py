@@ -20,6 +20,7 @@ from server.agent.driver import RunDriver
 from server.agent.steps import ClientToolResult, Input
 from server.connection import Peer
 from server.inbox import Envelope, RunInbox
+from server.session import DocumentSession
 from tests.harness import Client, joined, running_server
 from tests.runs import answer, call, script, start
 
@@ -126,6 +127,29 @@ async def test_a_turn_that_waits_is_finished_by_the_run_in_order(
     monkeypatch.setattr(RunDriver, "_apply", waiting)
     fast, turns = await _frames(monkeypatch, eager=True)
     assert turns >= 4 and fast == general
+
+
+async def test_a_decision_logged_at_once_sends_what_publish_many_sent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round trip's decision whose events are encoded already is logged by a plain
+    call (`DocumentSession.publish_now`, `CommitMixin._logged_now`): the client gets the
+    same frames as when every decision goes through `publish_many`, refusals included."""
+    taken = 0
+    publish_now = DocumentSession.publish_now
+
+    def counted(session: DocumentSession, events: Any) -> bool:
+        nonlocal taken
+        done = publish_now(session, events)
+        taken += done
+        return done
+
+    monkeypatch.setattr(DocumentSession, "publish_now", lambda session, events: False)
+    general, _ = await _frames(monkeypatch, eager=True)
+    assert taken == 0
+    monkeypatch.setattr(DocumentSession, "publish_now", counted)
+    fast, _ = await _frames(monkeypatch, eager=True)
+    assert taken >= 8  # each accepted result's `tool.done` and each `tool.call`
+    assert fast == general
 
 
 async def _failing_scenario(client: Client, calls: int) -> None:

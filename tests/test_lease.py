@@ -18,6 +18,7 @@ from server.agent.lease import FencedLog, RunLease
 from server.agent.machine import RunMachine
 from server.agent.run_state import PendingCall, RunState
 from server.agent.tools import ToolBox
+from server.agent.wire_events import LoggedEventSource
 from server.backends.base import RunMovedOn
 from server.backends.redis import RedisBackend
 from server.log_groups import DecisionCheckpoint
@@ -91,7 +92,7 @@ class Recorded:
     def __init__(self) -> None:
         self.deltas: list[str] = []
 
-    async def publish_many(self, events: Sequence[DurableServerEvent],
+    async def publish_many(self, events: Sequence[LoggedEventSource],
                            checkpoint: DecisionCheckpoint | None = None) -> None:
         raise AssertionError("not used here")
 

@@ -48,6 +48,7 @@ from server.agent.steps import (
     StopWork,
     TimerFired,
 )
+from server.agent.wire_events import WireEvent
 from server.auth import Authenticator
 from server.settings import Settings
 
@@ -65,6 +66,12 @@ TOOLS = {  # name -> (executor, requires_approval)
 RARELY = st.integers(0, 3).map(lambda n: n == 0)
 ENDINGS = [("aborted", "document_changed"), ("cancelled", "superseded"),
            ("aborted", "server_shutdown"), ("aborted", "server_lost")]
+
+
+def model(event: Any) -> Any:
+    """An event as its pydantic model: the round trip's written-out decisions make
+    `WireEvent`s (`server/agent/wire_events.py`), which the rules read as models."""
+    return event.event() if type(event) is WireEvent else event
 
 
 def new_state(json_tools: bool, max_steps: int, on_edit: str = "abort") -> RunState:
@@ -110,7 +117,7 @@ class RunLifecycle(RuleBasedStateMachine):
         assert len(publishes) <= 1, "a decision logs one group"
         if publishes:  # nothing is confirmed before the events that make it true
             before = decision.effects[:decision.effects.index(publishes[0])]
-            assert not any(isinstance(e, Reply) and isinstance(e.message, Ack)
+            assert not any(isinstance(e, Reply) and isinstance(model(e.message), Ack)
                            for e in before), "an ack before its events"
         if fail and publishes and not decision.state.finished:
             if not decision.refusable:  # the driver ends the run from the state it had
@@ -123,9 +130,9 @@ class RunLifecycle(RuleBasedStateMachine):
         self.state = decision.state
         for effect in decision.effects:
             if isinstance(effect, Publish):
-                self.log.extend(effect.events)
+                self.log.extend(model(e) for e in effect.events)
             elif isinstance(effect, Reply):
-                self.replies.append(effect.message)
+                self.replies.append(model(effect.message))
             elif isinstance(effect, CallModel):
                 assert not self.model_busy, "two model calls at once"
                 self.model_busy, self.model_calls = True, self.model_calls + 1

@@ -15,7 +15,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import StatusCode
 
-from protocol.server import ToolDone
 from server import tracing, tracing_export
 from server.agent.driver import RunDriver
 from server.agent.machine import RunMachine
@@ -136,7 +135,7 @@ async def test_a_run_whose_driver_fails_still_ends_its_spans(
     execute = RunDriver._execute
 
     async def failing(self: RunDriver, decision: Decision, peer: Any) -> bool:
-        if any(isinstance(e, Publish) and any(isinstance(p, ToolDone) for p in e.events)
+        if any(isinstance(e, Publish) and any(p.type == "tool.done" for p in e.events)
                for e in decision.effects):
             raise RuntimeError("a bug in the driver")
         return await execute(self, decision, peer)

@@ -30,10 +30,18 @@ from protocol.codes import ErrorCode
 from protocol.server import Error
 from server.agent.environment import RunEnvironment
 from server.agent.lease import DecisionWrite, RunLease
-from server.agent.publishing import PublishFailed, publish_retrying, try_publish
+from server.agent.publishing import (
+    PublishFailed,
+    PublishNow,
+    publish_retrying,
+    refusal,
+    try_publish,
+    unloggable,
+)
 from server.agent.run_state import RunState
 from server.agent.steps import Crashed, Decision, Input, LeaseLost, Publish
-from server.backends.base import BackendUnavailable
+from server.agent.wire_events import WireEvent
+from server.backends.base import BackendUnavailable, UnloggableEvent
 from server.connection import Peer
 from server.inbox import Envelope
 from server.log_groups import LeaseNotHeld, new_write_id, same_write
@@ -58,11 +66,19 @@ class Then:
 Outcome = bool | None | Then
 
 
+class NotNow:
+    """`_logged_now`'s answer when the log cannot take the group at once."""
+
+
+NOT_NOW = NotNow()
+
+
 class CommitMixin:
     """Of `RunDriver` (which provides these attributes)."""
 
     env: RunEnvironment
     log: EventLog
+    _publish_now: PublishNow | None  # the log's, when in-process (`publish_now`)
     lease: RunLease
     state: RunState
     _released: bool
@@ -91,10 +107,59 @@ class CommitMixin:
         else:  # with Redis, under a write id of its own: one write, however it is tried
             outcome = await self._publish(publish, decision, peer, None, new_write_id()
                                           if self.env.registry.remote else "")
-        if isinstance(outcome, Then):
-            ended = await self._apply(outcome.event, None)  # the run's end is logged (Crashed)
-            return ended and not isinstance(outcome.event, LeaseLost)  # or not ours (False)
-        return outcome
+        return await self._then(outcome) if isinstance(outcome, Then) else outcome
+
+    async def _then(self, outcome: Then) -> bool:
+        ended = await self._apply(outcome.event, None)  # the run's end is logged (Crashed)
+        return ended and not isinstance(outcome.event, LeaseLost)  # or not ours (False)
+
+    def _logged_now(self, publish: Publish, decision: Decision, peer: Peer | None
+                    ) -> Outcome | NotNow:
+        """`_publish` (no checkpoint, no write id) as a plain call, when an in-process log
+        can append the group at once (`DocumentSession.publish_now`): a round trip's
+        decision then reaches the log through no coroutine (it went through five).
+        `NOT_NOW`, with nothing logged, when it cannot: `_log_decision`."""
+        now = self._publish_now
+        if now is None:
+            return NOT_NOW
+        for event in publish.events:
+            if type(event) is not WireEvent:  # to be encoded: `publish_many`
+                return NOT_NOW
+        try:
+            if not now(publish.events):
+                return NOT_NOW
+        except BackendUnavailable:  # nothing was logged (an in-process log never raises
+            return NOT_NOW  # it): the general path answers it as it always did
+        except LeaseNotHeld:
+            raise
+        except Exception as exc:  # as `try_publish` and `publish_retrying` take it
+            if decision.refusable:
+                return self._refused(refusal(exc, self.log_extra), decision, peer)
+            if not isinstance(exc, UnloggableEvent):
+                raise
+            self.lease.announcing = None
+            return self._not_logged(unloggable(exc, self.log_extra), decision)
+        return None
+
+    def _refused(self, problem: tuple[ErrorCode, str], decision: Decision, peer: Peer | None
+                 ) -> bool:
+        self.lease.announcing = None
+        if peer is not None:
+            peer.reply(Error(code=problem[0], message=problem[1],
+                             reply_to=decision.reply_to, run_id=self.run_id,
+                             retry_after_ms=1000 if problem[0] == ErrorCode.UNAVAILABLE
+                             else None))
+        return False
+
+    def _not_logged(self, failed: PublishFailed, decision: Decision) -> Outcome:
+        if not decision.state.finished:  # the client is shown the ref: it is logged
+            logger.error("a decision of the run could not be logged (%s, ref %s)",
+                         failed.why, failed.ref, extra=self.log_extra)
+            return Then(Crashed(failed.ref))
+        logger.error("the run's end could not be logged (%s)", failed.why,
+                     extra=self.log_extra)
+        self.state = decision.state
+        return True  # the driver's last resort frees the document
 
     async def _commit(self, publish: Publish, decision: Decision, peer: Peer | None,
                       write: DecisionWrite | None) -> Outcome:
@@ -125,15 +190,7 @@ class CommitMixin:
         if decision.refusable:
             with same_write(write_id):
                 problem = await try_publish(self.log, publish.events, self.log_extra, write)
-            if problem is None:
-                return None
-            self.lease.announcing = None
-            if peer is not None:
-                peer.reply(Error(code=problem[0], message=problem[1],
-                                 reply_to=decision.reply_to, run_id=self.run_id,
-                                 retry_after_ms=1000 if problem[0] == ErrorCode.UNAVAILABLE
-                                 else None))
-            return False
+            return None if problem is None else self._refused(problem, decision, peer)
         try:
             with same_write(write_id):
                 await publish_retrying(self.log, publish.events,
@@ -143,14 +200,7 @@ class CommitMixin:
             self.lease.announcing = None
             if isinstance(failed.cause, BackendUnavailable) and self.env.registry.remote:
                 return await self._through_outage(publish, decision, peer, write, write_id)
-            if not decision.state.finished:  # the client is shown the ref: it is logged
-                logger.error("a decision of the run could not be logged (%s, ref %s)",
-                             failed.why, failed.ref, extra=self.log_extra)
-                return Then(Crashed(failed.ref))
-            logger.error("the run's end could not be logged (%s)", failed.why,
-                         extra=self.log_extra)
-            self.state = decision.state
-            return True  # the driver's last resort frees the document
+            return self._not_logged(failed, decision)
 
     async def _through_outage(self, publish: Publish, decision: Decision, peer: Peer | None,
                               write: DecisionWrite | None, write_id: str) -> Outcome:

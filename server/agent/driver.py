@@ -25,7 +25,7 @@ from protocol.codes import ErrorCode
 from protocol.server import Error
 from server import tracing
 from server.agent import history
-from server.agent.commit import CommitMixin
+from server.agent.commit import NOT_NOW, CommitMixin, NotNow, Then
 from server.agent.environment import RunEnvironment
 from server.agent.lease import FencedLog, RunLease
 from server.agent.run_state import RunState
@@ -71,6 +71,8 @@ class RunDriver(CommitMixin):
         self.state = state
         self.env = env
         self.log = log
+        # An in-process log's append as a plain call (`DocumentSession.publish_now`)
+        self._publish_now = None if log.remote else getattr(log, "publish_now", None)
         self.toolbox = toolbox
         self.lease = RunLease(env)
         self._on_finished = on_finished
@@ -246,7 +248,11 @@ class RunDriver(CommitMixin):
         if slot >= 0:
             publish = effects[slot]
             assert isinstance(publish, Publish)
-            done = await self._log_decision(publish, decision, peer, fence)
+            now = NOT_NOW if fence else self._logged_now(publish, decision, peer)
+            if isinstance(now, NotNow):
+                done = await self._log_decision(publish, decision, peer, fence)
+            else:
+                done = await self._then(now) if isinstance(now, Then) else now
             if done is not None:
                 return done
             if peer is not None and self.answered is peer:  # told `unavailable` while

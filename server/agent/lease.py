@@ -14,10 +14,10 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from protocol.server import DurableServerEvent
 from server.agent.checkpoint_parts import CheckpointWrite, Written, split_checkpoint
 from server.agent.environment import RunEnvironment
 from server.agent.run_state import RunState
+from server.agent.wire_events import LoggedEventSource
 from server.backends.base import BackendUnavailable, RunMovedOn, RunParts, cancel_requested
 from server.log_groups import DecisionCheckpoint
 from server.ports import EventLog
@@ -225,7 +225,7 @@ class FencedLog:
         self._log, self._lease, self._current = log, lease, current
         self.remote = log.remote
 
-    async def publish_many(self, events: Sequence[DurableServerEvent],
+    async def publish_many(self, events: Sequence[LoggedEventSource],
                            checkpoint: DecisionCheckpoint | None = None) -> None:
         await self._log.publish_many(events, checkpoint)
 

@@ -10,7 +10,7 @@ Kept apart from `driver.py` so the driver holds the order of effects only.
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from protocol.codes import ErrorCode
@@ -45,6 +45,29 @@ async def try_publish(log: EventLog, events: tuple[Any, ...], extra: Mapping[str
         return await _attempts(log, events, extra, checkpoint)
 
 
+PublishNow = Callable[[Sequence[Any]], bool]
+"""An in-process log's `publish_now` (`DocumentSession.publish_now`)."""
+
+
+def refusal(exc: Exception, extra: Mapping[str, Any]) -> tuple[ErrorCode, str]:
+    """What a refusable decision's sender is told when logging its group raised `exc`
+    (`try_publish`, and the driver's plain-call publish, `CommitMixin._logged_now`)."""
+    if isinstance(exc, UnloggableEvent):
+        return ErrorCode.INVALID_MESSAGE, "the message's content cannot be logged " \
+                                          "(nested too deeply?)"
+    ref = new_ref()
+    logger.error("publishing failed (ref %s)", ref, extra=extra, exc_info=exc)
+    return ErrorCode.INTERNAL, f"internal error (ref {ref})"
+
+
+def unloggable(exc: UnloggableEvent, extra: Mapping[str, Any]) -> PublishFailed:
+    """A committed decision's group that can never be logged, as `publish_retrying`
+    fails it (and the driver's plain-call publish)."""
+    ref = new_ref()
+    logger.error("an event of the run cannot be logged (ref %s)", ref, extra=extra)
+    return PublishFailed(ref, "unloggable", exc)
+
+
 async def _attempts(log: EventLog, events: tuple[Any, ...], extra: Mapping[str, Any],
                     checkpoint: DecisionCheckpoint | None) -> tuple[ErrorCode, str] | None:
     deadline, delay = 0.0, 0.05  # the deadline is read on the first outage only: every
@@ -60,15 +83,10 @@ async def _attempts(log: EventLog, events: tuple[Any, ...], extra: Mapping[str, 
                 break
             await asyncio.sleep(delay)
             delay = min(delay * 2, PUBLISH_RETRY_MAX_S)
-        except UnloggableEvent:
-            return ErrorCode.INVALID_MESSAGE, "the message's content cannot be logged " \
-                                              "(nested too deeply?)"
         except LeaseNotHeld:
             raise
-        except Exception:
-            ref = new_ref()
-            logger.exception("publishing failed (ref %s)", ref, extra=extra)
-            return ErrorCode.INTERNAL, f"internal error (ref {ref})"
+        except Exception as exc:
+            return refusal(exc, extra)
     return ErrorCode.UNAVAILABLE, "the shared backend is unavailable; retry shortly"
 
 
@@ -86,9 +104,7 @@ async def publish_retrying(log: EventLog, events: tuple[Any, ...], retry_s: floa
                 await log.publish_many(events, checkpoint)
                 return
             except UnloggableEvent as exc:
-                ref = new_ref()
-                logger.error("an event of the run cannot be logged (ref %s)", ref, extra=extra)
-                raise PublishFailed(ref, "unloggable", exc) from exc
+                raise unloggable(exc, extra) from exc
             except BackendUnavailable as exc:
                 if time.monotonic() > deadline:
                     raise PublishFailed(new_ref(), "backend unavailable", exc) from exc

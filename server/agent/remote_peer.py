@@ -3,9 +3,9 @@
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from protocol.base import WireModel
 from protocol.codes import ErrorCode
 from protocol.server import Ack
+from server.agent.wire_events import Message
 from server.connection import error_event
 
 
@@ -30,7 +30,7 @@ class RemotePeer:
     def user_id(self) -> str:
         return self.remote_user_id
 
-    def reply(self, message: WireModel) -> None:
+    def reply(self, message: Message) -> None:
         wire = message.to_wire()
         self.router.post(self.origin, {
             "kind": "reply", "connection": self.session_id, "document_id": self.document_id,

@@ -13,9 +13,9 @@ ways and compares the decisions.
 
 import hmac
 from collections.abc import Callable
-from typing import Any
+from typing import Any, get_args
 
-from protocol.server import Ack, ToolCall, ToolDone
+from protocol.server import Ack, ToolCall, ToolDone, ToolDoneStatus
 from server.agent import history
 from server.agent.edits import STALE, later_version
 from server.agent.grown import grown, with_added
@@ -40,6 +40,9 @@ from server.agent.steps import (
     Remember,
     Reply,
 )
+from server.agent.wire_events import wire_event
+
+DONE_STATUSES = frozenset(get_args(ToolDoneStatus))
 
 
 def client_result(config: MachineConfig, state: RunState, event: ClientToolResult
@@ -57,14 +60,27 @@ def client_result(config: MachineConfig, state: RunState, event: ClientToolResul
             or not event.token.isascii() or not hmac.compare_digest(event.token, token):
         return None
     outcome = told = event.outcome
-    if outcome.status == "error" and (outcome.error or {}).get("code") == "stale":
-        told = ToolOutcome("error", error={"code": "stale", "message": STALE})
+    status, output, error = outcome.status, outcome.output, outcome.error
+    if status not in DONE_STATUSES or (error is not None and type(error) is not dict):
+        return None  # what `ToolDone` would refuse or convert
     run_id, call_id, name = state.run_id, current.call_id, current.name
+    wire: dict[str, Any] = {"type": "tool.done", "run_id": run_id, "call_id": call_id,
+                            "status": status}
+    if output is not None:
+        wire["output"] = output
+    if error is not None:
+        wire["error"] = error
+    reply: dict[str, Any] = {"type": "ack"} if event.reply_to is None else {
+        "type": "ack", "reply_to": event.reply_to}
+    reply.update(run_id=run_id, call_id=call_id, status="accepted")
+    if (done := wire_event(ToolDone, wire)) is None or \
+            (ack := wire_event(Ack, reply)) is None:
+        return None  # a value the models' serializer might convert: the general code's
+    if status == "error" and (error or {}).get("code") == "stale":
+        told = ToolOutcome("error", error={"code": "stale", "message": STALE})
     changes: dict[str, Any] = {} if event.document_version is None else {
         "document_version": later_version(state.document_version, event.document_version)}
     completed = with_added(state.completed_calls, (call_id,))
-    done = ToolDone(run_id=run_id, call_id=call_id, status=outcome.status,
-                    output=outcome.output, error=outcome.error)
     disarm = DisarmTimer(current.timer)
     content = told.for_model()
     message = history.tool_message(state.json_tools, call_id, name, content)
@@ -76,9 +92,8 @@ def client_result(config: MachineConfig, state: RunState, event: ClientToolResul
                                                 "output": told.output}),
         current=None, status="running", **changes, completed_calls=completed,
         phase="model", step=step, message_id=f"{run_id}:m{step}")
-    ack = Reply(Ack(reply_to=event.reply_to, run_id=run_id, call_id=call_id, status="accepted"))
     return Decision(new, (CHECKPOINT, Publish((done,)), disarm, DISARM_GRACE, remember,
-                          CALL_MODEL, ack), True, event.reply_to)
+                          CALL_MODEL, Reply(ack)), True, event.reply_to)
 
 
 def model_finished(config: MachineConfig, state: RunState, event: ModelFinished
@@ -93,22 +108,31 @@ def model_finished(config: MachineConfig, state: RunState, event: ModelFinished
     if first.problem is not None or arguments is None or first.executor != "client" \
             or (first.requires_approval and first.name not in state.approved_names):
         return None
+    version = state.document_version
+    if type(arguments) is not dict or type(event.at_ms) is not int or \
+            (version is not None and type(version) is not int and type(version) is not str):
+        return None  # what `ToolCall` would convert (a bool or float version, a Mapping)
     usage = dict(event.usage)  # `add_usage`, counted into the one copy below
     changes: dict[str, Any] = {"usage": summed_usage(state.usage, usage)} if usage else {}
     calls = unique_call_ids(state.call_ids, event.calls, state.step)
-    said = history.assistant_turn(state.json_tools, event.text, event.assistant_content,
-                                  [(c.call_id, c.name, c.raw_arguments) for c in calls])
-    messages = grown(state.messages, said)
-    call_ids = with_added(state.call_ids, [c.call_id for c in calls])
     call_id, name = calls[0].call_id, first.name
     timeout_s = config.tool_timeout_s
     expires_at = event.at_ms + int(timeout_s * 1000)
     token = config.signer.issue_call_token(state.grant(call_id, state.user_id, expires_at))
+    wire: dict[str, Any] = {"type": "tool.call", "run_id": state.run_id, "call_id": call_id,
+                            "name": name, "arguments": arguments, "executor": "client"}
+    if state.client_id is not None:
+        wire["client_id"] = state.client_id
+    wire["token"], wire["expires_at"] = token, expires_at
+    if version is not None:
+        wire["document_version"] = version
+    if (announcement := wire_event(ToolCall, wire)) is None:
+        return None  # an argument the model's serializer might convert: the general code's
+    said = history.assistant_turn(state.json_tools, event.text, event.assistant_content,
+                                  [(c.call_id, c.name, c.raw_arguments) for c in calls])
+    messages = grown(state.messages, said)
+    call_ids = with_added(state.call_ids, [c.call_id for c in calls])
     pending = PendingCall(call_id, name, arguments, "tool", "client", expires_at, token)
-    announcement = ToolCall(
-        run_id=state.run_id, call_id=call_id, name=name, arguments=arguments,
-        executor="client", client_id=state.client_id, token=token, expires_at=expires_at,
-        document_version=state.document_version)
     new = state.evolve(**changes, phase="tools", messages=messages,
                        terminate_after_tools=event.terminate,
                        call_ids=call_ids, current=pending, status="waiting_tool",

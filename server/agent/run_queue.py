@@ -29,7 +29,6 @@ from typing import Any
 
 import orjson
 
-from protocol.base import WireModel
 from protocol.client import RunCancel, RunStart
 from protocol.codes import ErrorCode
 from protocol.server import Error, RunError, RunFinished, RunQueued, RunSnapshot
@@ -37,6 +36,7 @@ from server.agent.admission import workflow_of
 from server.agent.environment import RunEnvironment
 from server.agent.queue_edits import judge_waited
 from server.agent.run_state import RunState
+from server.agent.wire_events import Message
 from server.backends.base import BackendUnavailable, UnloggableEvent, run_ended_in_log
 from server.connection import Peer
 from server.log_groups import LeaseNotHeld, new_write_id, one_write, same_write
@@ -66,7 +66,7 @@ class QueuedPeer:
     def user_id(self) -> str:
         return self.queued_user
 
-    def reply(self, message: WireModel) -> None:
+    def reply(self, message: Message) -> None:
         if isinstance(message, Error):
             self.refusal = RunError(code=message.code, message=message.message)
 

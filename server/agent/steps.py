@@ -11,10 +11,10 @@ import hmac
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from protocol.base import WireModel
 from protocol.codes import ErrorCode
 from protocol.server import Ack, DurableServerEvent, Error, FinishedStatus, RunError
 from server.agent.run_state import ModelCall, PendingCall, RunState, ToolOutcome
+from server.agent.wire_events import LoggedEventSource, Message
 from server.auth import CallGrant
 from server.records import quick_init
 
@@ -157,7 +157,7 @@ Input = (Begin | ModelFinished | ModelUnparseable | ModelFailed | ClientToolResu
 class Publish:
     """Log these durable events, in order."""
 
-    events: tuple[DurableServerEvent, ...]
+    events: tuple[LoggedEventSource, ...]
 
 
 @quick_init
@@ -165,7 +165,7 @@ class Publish:
 class Reply:
     """Answer the sender of the input (an `ack` or an `error`)."""
 
-    message: WireModel
+    message: Message
 
 
 @quick_init
