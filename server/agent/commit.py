@@ -248,7 +248,7 @@ class CommitMixin:
             if write is not None:
                 raise  # `_commit` looks into it (Redis lost the run: claimed again)
             self.lease.announcing = None
-            return Then(LeaseLost())
+            return await self._claimed_again(publish, decision, write_id)
         except PublishFailed as failed:
             self.lease.announcing = None
             logger.error("a decision of the run could not be logged (%s); its lease lapses "
@@ -258,6 +258,26 @@ class CommitMixin:
         finally:
             self.waits_out_outage = False
 
-    async def _retry_through(self, publish: Publish, write: DecisionWrite) -> None:
+    async def _claimed_again(self, publish: Publish, decision: Decision, write_id: str
+                             ) -> Outcome:
+        """The lease was not held when the outage ended: another instance took the run
+        over (it goes on there), or Redis lost the run (a failover to a replica that
+        lacked it), which is claimed again, as `_commit` does, and the decision's events
+        are then logged under its write id. Letting the run go in that second case left
+        it on no instance and in no record: no `run.finished`, ever."""
+        try:
+            if not await self.lease.announce(decision.state):
+                return Then(LeaseLost())
+            with same_write(write_id):
+                await self._retry_through(publish, None)
+            return None
+        except (PublishFailed, BackendUnavailable, LeaseNotHeld) as failed:
+            logger.error("a decision of the run could not be logged after Redis lost the "
+                         "run (%s); whoever takes the run over goes on",
+                         failed.why if isinstance(failed, PublishFailed) else repr(failed),
+                         extra=self.log_extra)
+            return Then(LeaseLost())
+
+    async def _retry_through(self, publish: Publish, write: DecisionWrite | None) -> None:
         await publish_retrying(self.log, publish.events, self.env.settings.run_lease_s
                                * OUTAGE_RETRY_LEASES, self.log_extra, write)
