@@ -15,6 +15,8 @@ fenced), the start is refused `unavailable` with `retry_after_ms` and the retry 
 the run once the claim is gone. What the owner left is written into a real
 redis-server as it writes it; its lease is long, so only the fix can free it."""
 
+import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ from server.backends.redis import RedisBackend
 from tests.harness import Client, joined, running_server
 from tests.redis_support import redis_process
 from tests.runs import script
+from tests.test_outage_gaps import OutageProxy
 
 pytestmark = [pytest.mark.redis]
 LONG_LEASE_S = 60.0  # nobody's janitor frees the claim while the test runs
@@ -105,3 +108,38 @@ async def test_a_run_still_active_on_another_instance_is_still_document_busy() -
             await owner.close()
         assert (refused["type"], refused.get("code"), refused.get("run_id")) == \
             ("error", "document_busy", "r-57"), refused
+
+
+# The run's final record, written just before the document is freed (`RunLease.release`)
+FINAL_RECORD = b'{"status":"completed","user_id"'
+
+
+@pytest.mark.slow
+async def test_the_tabs_next_start_after_its_run_could_not_free_the_document_starts_it(
+        ) -> None:
+    """As the chaos soak found it, with a real outage: the run ends, and Redis goes away
+    (6 s, a 10 s lease) as its instance frees the document, which it gives up after half
+    a lease. The tab's next `run.start`, sent as Redis is back, starts its run (once
+    refused `unavailable` at most, then sent again); it was `document_busy` "of another
+    client" until the lease lapsed, and the tab never retried it."""
+    async with redis_process() as redis, \
+            OutageProxy(redis.port, FINAL_RECORD, outage_s=6.0, forward=False) as proxy, \
+            running_server(redis_url=proxy.url, run_lease_s=10) as server, \
+            joined(server, "held", client_id="tab") as (tab, _):
+        proxy.armed = True
+        assert (await start(tab, "s1", "r-1"))["type"] == "ack"
+        await tab.recv_until(lambda e: e.get("type") == "run.finished", timeout=15)
+        await asyncio.wait_for(proxy.fired.wait(), 10)
+        await asyncio.sleep(max(0.0, proxy.back_at - time.monotonic()) + 0.2)
+        answers = []
+        for attempt in range(1, 11):
+            answers.append(reply := await start(tab, f"s2-{attempt}", "r-2"))
+            if reply["type"] != "error" or reply["code"] != "unavailable":
+                break
+            await asyncio.sleep(reply["retry_after_ms"] / 1000)
+        assert [a.get("code") for a in answers if a["type"] == "error"].count(
+            "document_busy") == 0, answers
+        assert answers[-1]["type"] == "ack", answers
+        finished = await tab.recv_until(
+            lambda e: e.get("type") == "run.finished" and e.get("run_id") == "r-2", timeout=15)
+        assert finished["status"] == "completed", finished
