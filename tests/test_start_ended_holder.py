@@ -37,26 +37,30 @@ def ended_claim(run_id: str, owner: str, client_id: str = "tab") -> dict[str, An
             "client_id": client_id, "step": 1, "pending": [], "owner": owner}
 
 
-async def start(client: Client, message_id: str, run_id: str) -> dict[str, Any]:
+async def start(client: Client, message_id: str, run_id: str, if_busy: str = "reject"
+                ) -> dict[str, Any]:
     await client.send({"type": "run.start", "id": message_id, "run_id": run_id,
-                       "prompt": script({"say": "hi"}), "tools": []})
+                       "prompt": script({"say": "hi"}), "tools": [],
+                       "options": {"if_busy": if_busy}})
     return await client.recv_until(lambda e: e.get("reply_to") == message_id, timeout=15)
 
 
-@pytest.mark.parametrize(("sub", "client_id"), [("alice", "tab"), ("bob", "other")])
+@pytest.mark.parametrize(("sub", "client_id", "if_busy"), [
+    ("alice", "tab", "reject"), ("bob", "other", "reject"), ("bob", "other", "enqueue")])
 async def test_a_start_while_another_instance_has_not_freed_an_ended_run_is_retried(
-        sub: str, client_id: str) -> None:
+        sub: str, client_id: str, if_busy: str) -> None:
     """The ended run's owner is another instance (alive, Redis was away as it tried to
     free the document): the start is refused `unavailable` with `retry_after_ms`, never
     `document_busy`, and the message does not call the tab's own run another client's.
-    Sent again once the owner has freed the claim, the same start starts the run."""
+    Sent again once the owner has freed the claim, the same start starts the run. With
+    `if_busy: enqueue` alike: no run is active nor queued, so it is not queued."""
     async with redis_process() as redis, running_server(redis_url=redis.url) as server, \
             joined(server, "held", sub=sub, client_id=client_id) as (tab, _):
         owner = RedisBackend(redis.url)
         try:
             assert await owner.claim_run("held", ended_claim("r-57", "owner-x"),
                                          LONG_LEASE_S) is None
-            refused = await start(tab, "s1", "r-58")
+            refused = await start(tab, "s1", "r-58", if_busy)
             assert (refused["type"], refused.get("code")) == ("error", "unavailable"), refused
             assert refused.get("retry_after_ms", 0) > 0, refused
             assert "r-57" in refused["message"], refused
@@ -64,8 +68,9 @@ async def test_a_start_while_another_instance_has_not_freed_an_ended_run_is_retr
             await owner.release_run("held", "r-57", "owner-x")  # Redis is back: freed
         finally:
             await owner.close()
-        ack = await start(tab, "s2", "r-58")
-        assert (ack["type"], ack.get("run_id")) == ("ack", "r-58"), ack
+        ack = await start(tab, "s2", "r-58", if_busy)
+        assert (ack["type"], ack.get("run_id"), ack.get("status")) == \
+            ("ack", "r-58", "running"), ack
         finished = await tab.recv_until(
             lambda e: e.get("type") == "run.finished" and e.get("run_id") == "r-58", timeout=15)
         assert finished["status"] == "completed", finished
