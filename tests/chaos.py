@@ -148,6 +148,11 @@ class Tab:
         self.last_seq = max(self.last_seq, seq)
         if seq in self.shown:
             self.findings.problem(f"{self.document_id}: seq {seq} shown twice")
+        elif event.get("type") == "run.finished" and event.get("status") == "failed":
+            error = event.get("error") or {}  # the summary counts it; this names it
+            print(f"{time.strftime('%X')} {self.document_id}: run {event.get('run_id')} "
+                  f"failed/{event.get('reason')}: {error.get('code')}: {error.get('message')}"
+                  f" (seq {seq}, port {self.where})", flush=True)
         self.shown[seq] = event
 
     async def _start(self, ws: Any, stopping: asyncio.Event) -> None:
@@ -257,11 +262,16 @@ class Tab:
                                                                    "rate_limited"):
                         await asyncio.sleep(event.get("retry_after_ms", 500) / 1000)
                         await ws.send(orjson.dumps(again).decode())  # as a client does
-                    if str(event.get("reply_to", "")).startswith("start-") and \
-                            event.get("code") in ("unavailable", "rate_limited"):
+                    if event.get("reply_to") != f"start-{self.runs}":
+                        continue  # not about the tab's latest run.start
+                    if event.get("code") in ("unavailable", "rate_limited"):  # for a moment:
                         await asyncio.sleep(event.get("retry_after_ms", 500) / 1000)
-                        self.runs -= 1
+                        self.runs -= 1  # sent again, under the same run id
                         await self._start(ws, stopping)
+                    else:  # not retried (`document_busy`: another run is active): named
+                        print(f"{time.strftime('%X')} {self.document_id}: run.start of "
+                              f"{self.current} refused {event.get('code')}: "
+                              f"{event.get('message')} (port {self.where})", flush=True)
                 elif kind == "run.finished" and event.get("run_id") == self.current:
                     self.findings.counts[f"run:{event['status']}:{event.get('reason')}"] += 1
                     if self.current == self.last_run:

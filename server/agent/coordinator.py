@@ -22,7 +22,7 @@ from protocol.client import Approval, ClientMessage, EditorChange, RunCancel, Ru
 from protocol.codes import ErrorCode
 from protocol.server import FinishedStatus, RunSnapshot
 from server.agent.admission import first_state, refusal, toolbox_for
-from server.agent.claim import RELEASE_WAIT_S, claim_document, run_ending
+from server.agent.claim import claim_document, refuse_held, run_ending, unless_ended
 from server.agent.client_inputs import client_input
 from server.agent.driver import RunDriver
 from server.agent.edits import edit_key
@@ -245,12 +245,7 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
             peer.error(ErrorCode.INVALID_MESSAGE, problem[1], reply_to=message.id,
                        details=[{"loc": problem[0], "msg": problem[1]}])
             return
-        active = self.active
-        if active is not None and active.state.finished:  # ended, still letting go
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(RELEASE_WAIT_S):
-                    await active.done.wait()
-            active = self.active
+        active = await unless_ended(self.active)
         other = active is not None and (active.state.client_id != peer.client_id
                                         or active.state.user_id != peer.user_id)
         remote = None if active is not None else await self._remote_record()
@@ -310,9 +305,7 @@ class RunCoordinator(RunQueueMixin, TakeoverMixin):
                      status=str(holder.get("status") or "running"))  # owner's janitor ends it)
             return
         if holder is not None:
-            peer.error(ErrorCode.DOCUMENT_BUSY,
-                       f"run {holder.get('run_id')!r} of another client is active on this "
-                       "document", reply_to=message.id, run_id=holder.get("run_id"))
+            await refuse_held(self.env, self.document_id, holder, peer, message.id)
             return
         await self._launch(state, peer, message)
 
