@@ -34,7 +34,8 @@ def reply_to(message_id: str) -> Any:
 
 
 async def start_when_free(client: Client, timeout: float = TAKEOVER_S) -> dict[str, Any]:
-    """Bob's `run.start`, sent again while the document is busy; the ack once it is not."""
+    """Bob's `run.start`, sent again while the ended run still holds the document (told
+    `unavailable`, to retry); the ack once it is freed."""
     loop = asyncio.get_running_loop()
     deadline, attempt = loop.time() + timeout, 0
     while True:
@@ -44,8 +45,9 @@ async def start_when_free(client: Client, timeout: float = TAKEOVER_S) -> dict[s
         reply = await client.recv_until(reply_to(f"b{attempt}"))
         if reply["type"] == "ack" or loop.time() > deadline:
             return reply
-        assert reply["code"] == "document_busy", reply
-        await asyncio.sleep(0.5)
+        # e-1 has ended (its owner died before freeing it): not another run active
+        assert reply["code"] == "unavailable" and reply["retry_after_ms"] > 0, reply
+        await asyncio.sleep(reply["retry_after_ms"] / 1000)
 
 
 @pytest.mark.parametrize("ending", ["completed", "cancelled"])
