@@ -334,7 +334,13 @@ def create_app(settings: Settings | None = None, *,
                 await metrics_task
             services.runs.draining = True  # no queued run starts on the way out
             for session in list(services.hub.sessions.values()):
-                await session.runs.shutdown()
+                # A run that became active while the drain handed the others over (a
+                # `run.start` on a connection still open, a takeover under way) goes to
+                # the survivor too: it was ended `server_shutdown` while others lived.
+                if services.router.handing_over:
+                    await session.runs.hand_over()
+                else:
+                    await session.runs.shutdown()
             await chat_runs.close()
             await services.router.stop()
             await tools.close()

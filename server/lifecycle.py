@@ -27,7 +27,8 @@ async def drain(services: Services, timeout_s: float = 3.0) -> None:
     services.draining = services.runs.draining = True
     sessions = list(services.hub.sessions.values())
     router = services.router  # not durable (COWRITE_DURABLE_RUNS=0): 1.0's shutdown below
-    if await router.begin_drain() and router.durable:  # section 13: hand the runs over
+    router.handing_over = await router.begin_drain() and router.durable
+    if router.handing_over:  # section 13: hand the runs over (later ones too, `app.py`)
         await asyncio.gather(*(session.runs.hand_over() for session in sessions),
                              return_exceptions=True)
     else:  # section 6: the last instance ends its runs server_shutdown

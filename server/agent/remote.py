@@ -73,6 +73,9 @@ class RunRouter(JanitorMixin):
         self.run_timeout_s = run_timeout_s
         self.durable = durable  # False (COWRITE_DURABLE_RUNS=0): lost runs end server_lost
         self.draining = False
+        # set by the drain (`lifecycle.drain`): another instance lives and this one's runs
+        # go to it, those that become active here later too (see `app.py`'s lifespan)
+        self.handing_over = False
         self._tasks: list[asyncio.Task[None]] = []
         self._posts: set[asyncio.Task[None]] = set()
         # per document, the messages on their way to its run's owner, in order
